@@ -5,12 +5,12 @@
 # %% auto #0
 __all__ = ['allocate_exact', 'pyramid_budgets', 'squeeze_budgets']
 
-# %% ../nbs/01_allocators.ipynb #a41345d8
+# %% ../nbs/01_allocators.ipynb #a0d6f019
 import math
 from fractions import Fraction
 from numbers import Integral, Rational, Real
 
-# %% ../nbs/01_allocators.ipynb #09e20224
+# %% ../nbs/01_allocators.ipynb #64966e64
 def _check_int(name:str, # parameter name, for the message
                value, # the value to check
                lo:int, # smallest allowed value
@@ -24,7 +24,7 @@ def _check_int(name:str, # parameter name, for the message
         raise ValueError(f"{name}={value!r} is out of range: expected {allowed}")
     return int(value)
 
-# %% ../nbs/01_allocators.ipynb #c5e197f5
+# %% ../nbs/01_allocators.ipynb #0345bff8
 def _check_real(name:str, # parameter name, for the message
                 value, # the value to check
                 lo:float=-math.inf, # smallest allowed value
@@ -39,7 +39,7 @@ def _check_real(name:str, # parameter name, for the message
         raise ValueError(f"{name}={value!r} is out of range: expected {allowed}")
     return float(value)
 
-# %% ../nbs/01_allocators.ipynb #7cdeecfd
+# %% ../nbs/01_allocators.ipynb #15081d33
 def _as_list(name:str, # parameter name, for the message
              values # a list, tuple or anything with `tolist()`
             )->list:
@@ -60,7 +60,7 @@ def _check_caps(caps, # `None`, or one cap (int or `None`) per layer
         raise ValueError(f"caps has {len(caps)} entries: expected one per layer ({n_layers}), None for no cap")
     return [None if cap is None else _check_int(f"caps[{i}]", cap, floor) for i, cap in enumerate(caps)]
 
-# %% ../nbs/01_allocators.ipynb #e0cc610e
+# %% ../nbs/01_allocators.ipynb #d22b8673
 def _scale_to_total(weights:list, # non-negative `Fraction` weights, at least one positive
                     total:int, # the sum to reach
                     floor:int, # every layer's minimum
@@ -79,7 +79,7 @@ def _scale_to_total(weights:list, # non-negative `Fraction` weights, at least on
         fixed, slope = fixed + d_fixed, slope + d_slope
     return (total - fixed) / slope if slope > 0 else None
 
-# %% ../nbs/01_allocators.ipynb #6aec6dd8
+# %% ../nbs/01_allocators.ipynb #d4cc1118
 def allocate_exact(weights, # non-negative per-layer weights (targets); only their ratios matter
                    total:int, # budget to hand out, at least `floor * len(weights)`
                    floor:int, # every layer's minimum budget (e.g. `n_sink + 1`)
@@ -114,7 +114,7 @@ def allocate_exact(weights, # non-negative per-layer weights (targets); only the
     for i in by_remainder[:total - sum(budgets)]: budgets[i] += 1
     return budgets
 
-# %% ../nbs/01_allocators.ipynb #d75e9867
+# %% ../nbs/01_allocators.ipynb #a2e8e171
 def _pyramid_taper(n_layers:int, # number of layers, at least 1
                    avg_budget:int, # mean budget per layer
                    floor:int, # smallest budget (`n_sink + 1`)
@@ -125,7 +125,7 @@ def _pyramid_taper(n_layers:int, # number of layers, at least 1
     half_span = (Fraction(beta) - 1) * (avg_budget - floor)
     return [avg_budget + half_span * (1 - Fraction(2 * layer, n_layers - 1)) for layer in range(n_layers)]
 
-# %% ../nbs/01_allocators.ipynb #be5c40d3
+# %% ../nbs/01_allocators.ipynb #b9b308cd
 def pyramid_budgets(n_layers:int, # number of transformer layers (>= 0)
                     avg_budget:int, # mean KV budget per layer (>= n_sink + 1); the total is n_layers * avg_budget
                     n_sink:int=4, # attention-sink tokens every layer keeps (>= 0); the floor is n_sink + 1
@@ -142,7 +142,7 @@ def pyramid_budgets(n_layers:int, # number of transformer layers (>= 0)
     targets = [max(target, 0) for target in _pyramid_taper(n_layers, avg_budget, floor, beta)]
     return allocate_exact(targets, n_layers * avg_budget, floor, caps)
 
-# %% ../nbs/01_allocators.ipynb #1958195b
+# %% ../nbs/01_allocators.ipynb #5dcfe55d
 def _squeeze_targets(concentrations:list, # per-layer concentrations, finite floats
                      avg_budget:int, # mean budget per layer
                      strength:float # 0 uniform .. 1 full re-allocation
@@ -153,7 +153,7 @@ def _squeeze_targets(concentrations:list, # per-layer concentrations, finite flo
     mean, strength = sum(raw) / len(raw), Fraction(strength)
     return [avg_budget * ((1 - strength) + strength * r / mean) for r in raw]
 
-# %% ../nbs/01_allocators.ipynb #9797ee9a
+# %% ../nbs/01_allocators.ipynb #bf7b5705
 def squeeze_budgets(concentrations, # per-layer concentration (finite; clipped to [0, 1]), e.g. from `layer_concentration`
                     avg_budget:int, # mean KV budget per layer (>= n_sink + 1); the total is len(concentrations) * avg_budget
                     n_sink:int=4, # attention-sink tokens every layer keeps (>= 0); the floor is n_sink + 1
