@@ -1,7 +1,7 @@
 """Property tests for `veloxquant_mlx.proxy`: random shapes, dtypes and scales."""
+from veloxquant_mlx.proxy import concentration_score, concentration_score_reference, layer_concentration  # before mlx: the package may preload a BLAS
 import mlx.core as mx, numpy as np, pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
-from veloxquant_mlx.proxy import concentration_score, concentration_score_reference, layer_concentration
 
 DTYPES = {'float32': mx.float32, 'float16': mx.float16, 'bfloat16': mx.bfloat16}
 
