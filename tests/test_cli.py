@@ -17,7 +17,7 @@ def one_error_line(r):
     return lines[0]
 
 @pytest.mark.parametrize("args, stdin, expect", [
-    (["generate", "--method", "snapkv", "hi", "--model", "tiny:llama"], None, "invalid choice"),
+    (["generate", "--method", "streaming", "hi", "--model", "tiny:llama"], None, "invalid choice"),
     (["compare", "--methods", "h2o,snapkv", "hi", "--model", "tiny:llama"], None, "unknown method 'snapkv'"),
     (["generate", "--method", "h2o", "--budget", "4", "hi", "--model", "tiny:llama"], None, "sink floor"),
     (["generate", "--method", "squeeze", "--budget", "8", "--n-sink", "8", "hi", "--model", "tiny:llama"], None, "n_sink + 1 = 9"),
