@@ -1,0 +1,10 @@
+#!/usr/bin/env python
+"""Speed and memory benchmarks of veloxquant_mlx's caches: `python scripts/bench_speed.py [--quick] [--out nbs/results/speed.json]`.
+
+A thin wrapper around `veloxquant_mlx.bench.main` (see nbs/12_speed.ipynb)."""
+from veloxquant_mlx.blas import preload_openblas
+preload_openblas()  # before anything imports mlx.core
+from veloxquant_mlx.bench import main
+
+if __name__ == "__main__":
+    main()
