@@ -61,7 +61,6 @@ def test_values_head_dim_may_differ_from_keys():
     ak, av = c.update_and_fetch(kv(1, 2, 3, 8), kv(1, 2, 3, 4))
     assert ak.shape == (1, 2, 3, 8) and av.shape == (1, 2, 3, 4)
 
-@pytest.mark.xfail(strict=True, reason="bug: check_kv accepts integer (and bool) keys; they should be refused as non-floating")
 def test_integer_keys_are_refused():
     with pytest.raises(TypeError, match="floating"):
         H2OCache(8, 2).update_and_fetch(kv(1, 2, 3, 8, dtype=mx.int32), kv(1, 2, 3, 8, dtype=mx.int32))
@@ -217,8 +216,6 @@ def test_loaded_cache_keeps_its_method_and_budget():
     for a, b in zip(caches, loaded):
         assert (b.method, b.budget, b.n_sink, b.offset, b.count, b.beta) == (a.method, a.budget, a.n_sink, a.offset, a.count, a.beta)
 
-@pytest.mark.xfail(strict=True, reason="bug: _set_meta accepts a budget below the kept count; the next decode crashes inside "
-                                       "MLX ('[full] Negative dimensions not allowed') instead of a clear error at load")
 def test_tampered_metadata_budget_below_the_kept_count():
     "A state whose budget is smaller than what it holds (a file edited or written for another budget)."
     k, v, p, s, meta = filled(H2OCache, 16, 2).state
@@ -227,12 +224,10 @@ def test_tampered_metadata_budget_below_the_kept_count():
         H2OCache.from_state((k, v, p, s, json.dumps(m)))
 
 # ---- masks -----------------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="bug: make_mask(N, return_array=True) uses offset count - N instead of count: "
-                                       "shape (N, count) instead of (N, count + N) (gemma2, deepseek_v3 ... ask for arrays)")
 def test_make_mask_array_covers_stored_plus_chunk():
     c = H2OCache(64, 2)
     x = mx.random.normal((1, 2, 10, 8)); c.update_and_fetch(x, x)
     m = c.make_mask(4, return_array=True)
     assert m.shape == (4, 14)
     ref = KVCache(); ref.update_and_fetch(x, x)
-    assert mx.array_equal(m, ref.make_mask(4, return_array=True)).item()
+    assert mx.array_equal(m, ref.make_mask(4, return_array=True, window_size=None)).item()
