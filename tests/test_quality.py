@@ -1,0 +1,80 @@
+"Harness checks for the quality grid (structure and the shared prefill's exactness; no score thresholds)."
+import json, subprocess, sys
+from pathlib import Path
+import pytest
+from veloxquant_mlx.blas import preload_openblas
+preload_openblas()
+from veloxquant_mlx import quality as Q
+from veloxquant_mlx.cli import load_cli_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(budgets=[40, 80], n_passkey=2, lengths=[300, 400], depths=[0.5], ppl_samples=1, ppl_context=256, ppl_tokens=24,
+            ppl_chunk=8, max_tokens=4, time_budget_s=None)
+
+def check_structure(res, budgets, methods):
+    rows = res["rows"]
+    for task in ("passkey", "perplexity"):
+        tr = [r for r in rows if r["task"] == task]
+        assert len(tr) == 1 + len(budgets) * len(methods)
+        full = [r for r in tr if r["name"] == "full"]
+        assert len(full) == 1 and full[0]["kv_fraction"] == 1.0
+        for r in tr:
+            assert {"model", "task", "method", "score", "signal", "budget", "kv_fraction", "samples", "seed"} <= set(r)
+            assert r["samples"] >= 1
+            if r["name"] != "full": assert r["budget"] in budgets and 0 < r["kv_fraction"] < 1
+    for r in rows:
+        if r["task"] == "passkey": assert 0 <= r["accuracy"] <= 1 and 0 <= r["partial"] <= 1
+        else: assert r["ppl"] > 0 and r["ppl_ratio"] > 0
+    json.dumps(res)
+    assert isinstance(Q.format_table(res), str)
+
+def test_scoring():
+    assert Q.lcs("12345", "12345") == 5 and Q.lcs("13579", "12345") == 3 and Q.lcs("", "12345") == 0
+    assert Q.first_digits(" 12345.\n") == "12345" and Q.first_digits(" the key") == ""
+    s = Q.score_answer(" 12346. Remember", "12345")
+    assert s["exact"] == 0.0 and s["partial"] == 0.8
+    assert Q.score_answer(" 12345", "12345")["exact"] == 1.0
+    assert Q.score_answer(" 123456789", "12345")["partial"] == 1.0   # only the first len(key) digits count for partial credit
+
+def test_configs_cover_the_grid():
+    names = [m.name for m in Q.GRID_METHODS]
+    assert len(set(names)) == len(names) == 10
+    for m in Q.GRID_METHODS:
+        c = m.config(128)
+        if m.method in ("streaming",): assert c is None; continue
+        assert c.method == m.method and c.budget == 128
+        if m.method != "snapkv": assert c.score == m.score
+        if m.method == "squeeze": assert (c.squeeze_signal, c.squeeze_strength) == (m.signal, m.strength)
+        if m.method == "pyramidkv": assert c.pyramid_beta == m.beta
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_shared_prefill_matches_own_prefill(arch):
+    "Every eviction method gives the same tokens (and first-step log-probs) from the shared prefill as from its own generate_step."
+    model, tok = load_cli_model("tiny:" + arch)
+    ids = Q.passkey_set(tok, 1, lengths=[300], depths=[0.5])[0]["ids"]
+    res = Q.check_shared_prefill(model, tok, ids, [Q.FULL] + [m for m in Q.GRID_METHODS if m.method != "streaming"], 40, max_tokens=4)
+    for name, r in res.items():
+        assert r["same"], (name, r)
+        assert r["first_logprob_maxdiff"] < 1e-3, (name, r)
+
+def test_run_grid_tiny():
+    model, tok = load_cli_model("tiny:gemma3")
+    res = Q.run_grid(model, tok, "tiny:gemma3", log=lambda *a: None, **TINY)
+    check_structure(res, TINY["budgets"], Q.GRID_METHODS)
+    assert res["rows"][-1]["samples"] == 2 and len(res["keys"]) == 2
+
+def test_plot_results(tmp_path):
+    model, tok = load_cli_model("tiny:llama")
+    res = Q.run_grid(model, tok, "tiny:llama", log=lambda *a: None, **{**TINY, "n_passkey": 1})
+    paths = Q.plot_results(res, str(tmp_path))
+    assert sorted(Path(p).name for p in paths) == ["quality_passkey_accuracy.png", "quality_passkey_partial.png", "quality_perplexity.png"]
+
+def test_script_quick_mode(tmp_path):
+    "The --quick mode through the script (tiny model, harness only)."
+    out = tmp_path / "q.json"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_quality.py"), "--quick", "--model", "tiny:gemma3", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["settings"]["quick"] is True
+    check_structure(res, Q.QUICK["budgets"], Q.GRID_METHODS)
