@@ -57,11 +57,44 @@ def test_shared_prefill_matches_own_prefill(arch):
         assert r["same"], (name, r)
         assert r["first_logprob_maxdiff"] < 1e-3, (name, r)
 
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_batched_decoding_matches_sequential(arch):
+    "Batched decoding (one forward for every method) gives each method the answer its own generate_step gives."
+    model, tok = load_cli_model("tiny:" + arch)
+    ids = Q.passkey_set(tok, 1, lengths=[300], depths=[0.3])[0]["ids"]
+    res = Q.check_batched(model, tok, ids, Q.GRID_METHODS, 40, max_tokens=5)
+    assert len(res) == 1 + len(Q.GRID_METHODS)
+    for name, r in res.items(): assert r["same"], (name, r)
+
+def test_batched_perplexity_matches_sequential():
+    model, tok = load_cli_model("tiny:gemma3")
+    ids = Q.ppl_sequences(tok, 1, 200, 20)[0]
+    methods = [Q.FULL] + Q.GRID_METHODS
+    def prefilled():
+        ref, sets = Q.make_prompt_cache(model), [m.make_cache(model, 40) for m in Q.GRID_METHODS]
+        Q.shared_prefill(model, ids[:200], ref, sets)
+        return [ref] + sets
+    seq = [Q.score_continuation(model, c, ids, 200, 8) for c in prefilled()]
+    bat = Q.batched_score(model, prefilled(), ids, 200, 8)
+    for m, (a, n), (b, k) in zip(methods, seq, bat):
+        assert n == k == 20 and abs(a - b) <= 1e-4 * abs(a) + 1e-3, (m.name, a, b)
+
 def test_run_grid_tiny():
     model, tok = load_cli_model("tiny:gemma3")
     res = Q.run_grid(model, tok, "tiny:gemma3", log=lambda *a: None, **TINY)
     check_structure(res, TINY["budgets"], Q.GRID_METHODS)
-    assert res["rows"][-1]["samples"] == 2 and len(res["keys"]) == 2
+    assert res["rows"][-1]["samples"] == 2 and len(res["keys"]) == 2 and len(res["prompts"]) == 2
+
+def test_run_grid_sequential_and_verify_agree():
+    model, tok = load_cli_model("tiny:llama")
+    kw = {**TINY, "n_passkey": 1, "budgets": [40]}
+    a = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, batched=True, verify=True, **kw)
+    b = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, batched=False, **kw)
+    assert all(r["same"] for r in a["verification"]["results"].values())
+    for ra, rb in zip(a["rows"], b["rows"]):
+        assert ra["name"] == rb["name"]
+        if ra["task"] == "passkey": assert ra["answers"] == rb["answers"]
+        else: assert abs(ra["ppl"] - rb["ppl"]) <= 1e-4 * rb["ppl"]
 
 def test_plot_results(tmp_path):
     model, tok = load_cli_model("tiny:llama")
