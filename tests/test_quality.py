@@ -111,3 +111,19 @@ def test_script_quick_mode(tmp_path):
     res = json.loads(out.read_text())
     assert res["settings"]["quick"] is True
     check_structure(res, Q.QUICK["budgets"], Q.GRID_METHODS)
+
+def test_extend_and_merge():
+    "A pass-key-only run continuing an earlier one pools into the same rows (sample-weighted)."
+    model, tok = load_cli_model("tiny:llama")
+    kw = {**TINY, "budgets": [40]}
+    a = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 1})
+    b = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 1, "ppl_samples": 0, "passkey_offset": 1})
+    assert not any(r["task"] == "perplexity" for r in b["rows"])
+    both = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 2})
+    m = Q.merge_results(a, b)
+    assert m["keys"] == both["keys"] and len(m["runs"]) == 2
+    check_structure(m, [40], Q.GRID_METHODS)
+    for x, y in zip(sorted(m["rows"], key=lambda r: (r["task"], r["name"])), sorted(both["rows"], key=lambda r: (r["task"], r["name"]))):
+        assert x["samples"] == y["samples"]
+        if x["task"] == "passkey": assert x["answers"] == y["answers"] and abs(x["partial"] - y["partial"]) < 1e-9
+    with pytest.raises(ValueError): Q.merge_results(b, a)
