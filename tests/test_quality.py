@@ -127,3 +127,17 @@ def test_extend_and_merge():
         assert x["samples"] == y["samples"]
         if x["task"] == "passkey": assert x["answers"] == y["answers"] and abs(x["partial"] - y["partial"]) < 1e-9
     with pytest.raises(ValueError): Q.merge_results(b, a)
+
+def test_perplexity_only_run_combines_with_passkey_run():
+    model, tok = load_cli_model("tiny:llama")
+    kw = {**TINY, "budgets": [40], "n_passkey": 1}
+    a = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **kw)
+    b = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 0, "ppl_samples": 2})
+    assert {r["task"] for r in b["rows"]} == {"perplexity"} and all(len(r["nll_per_text"]) == 2 for r in b["rows"])
+    c = Q.combine_runs(a, b)
+    check_structure(c, [40], Q.GRID_METHODS)
+    assert next(r for r in c["rows"] if r["task"] == "perplexity")["samples"] == 2 and c["settings"]["ppl_samples"] == 2
+    assert isinstance(Q.markdown_table(c), str) and len(Q.gap_table(c)) == len(Q.GRID_METHODS)
+    d = Q.paired_nll(c, "h2o/attention", "h2o/key_proxy")
+    assert len(d) == 1 and d[0]["texts"] == 2 and 0 <= d[0]["a_lower"] <= 2
+    assert Q.paired_nll(c, "h2o/attention", "h2o/attention")[0]["mean_diff"] == 0
