@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_models.ipynb #426c60d0
 from __future__ import annotations
-import json, os, re, shutil, struct, tempfile, time
+import json, math, os, re, shutil, struct, tempfile, time
 from pathlib import Path
 import numpy as np
 from .blas import preload_openblas
@@ -14,7 +14,7 @@ __all__ = ['MODEL_DIR_ENV', 'DEFAULT_MODEL_NAME', 'NORMAL', 'CONTROL', 'USER_DEF
            'default_model_dir', 'mlx_tensor_name', 'is_offset_norm', 'gemma3_config', 'bpe_merges', 'build_tokenizer',
            'gguf_metadata', 'gguf_vocab', 'special_token_id', 'write_safetensors_streaming', 'convert_gguf',
            'is_converted', 'assemble_gguf', 'ensure_default_model', 'load_model', 'load_default_model', 'prose_text',
-           'perplexity', 'generation_speed']
+           'sequence_nll', 'perplexity', 'generation_speed']
 
 # %% ../nbs/06_models.ipynb #c73aed1f
 MODEL_DIR_ENV = "VELOXQUANT_MODEL_DIR"
@@ -383,6 +383,28 @@ def prose_text(
     return "\n\n".join(text)
 
 # %% ../nbs/06_models.ipynb #d8629a37
+def sequence_nll(
+    model,  # an mlx-lm model
+    token_ids,  # the sequence, BOS included
+    cache,  # the prompt cache the tokens go through (holding `token_ids[:start]` already)
+    start: int = 0,  # score the tokens after position `start` (the first `start` are context already in `cache`)
+    chunk: int | None = None,  # feed the inputs in chunks of this many tokens (default: all at once)
+) -> tuple:  # (sum of negative log-likelihoods, number of scored tokens)
+    "Summed NLL of `token_ids[start+1:]` given their prefixes, feeding `token_ids[start:-1]` through `cache` in chunks."
+    import mlx.core as mx
+    ids = [int(i) for i in token_ids]
+    step = chunk or max(len(ids) - 1 - start, 1)
+    nll, count = mx.array(0.0), 0
+    for s in range(start, len(ids) - 1, step):
+        inputs = mx.array(ids[s:min(s + step, len(ids) - 1)])[None]
+        targets = mx.array(ids[s + 1:s + 1 + inputs.shape[1]])
+        logits = model(inputs, cache=cache)[0].astype(mx.float32)
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        nll = nll - mx.take_along_axis(logp, targets[:, None], axis=-1).sum()
+        count += inputs.shape[1]
+        mx.eval(nll, [a for c in cache for a in (getattr(c, "keys", None), getattr(c, "values", None)) if isinstance(a, mx.array)])
+    return float(nll), count
+
 def perplexity(
     model,  # an mlx-lm model
     token_ids,  # the sequence to score, BOS included
@@ -390,23 +412,11 @@ def perplexity(
     chunk: int | None = None,  # score the sequence in chunks of this many tokens (exercises chunked prefill)
 ) -> float:
     "exp(mean negative log-likelihood) of `token_ids[1:]` given their prefixes."
-    import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
-    ids = [int(i) for i in token_ids]
-    if len(ids) < 2:
-        raise ValueError(f"token_ids needs at least 2 tokens to score, got {len(ids)}")
-    cache = make_prompt_cache(model) if cache is None else cache
-    step = chunk or len(ids)
-    nll, count = mx.array(0.0), 0
-    for s in range(0, len(ids) - 1, step):
-        inputs = mx.array(ids[s:min(s + step, len(ids) - 1)])[None]
-        targets = mx.array(ids[s + 1:s + 1 + inputs.shape[1]])
-        logits = model(inputs, cache=cache)[0].astype(mx.float32)
-        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nll = nll - mx.take_along_axis(logp, targets[:, None], axis=-1).sum()
-        count += inputs.shape[1]
-        mx.eval(nll)
-    return float(mx.exp(nll / count))
+    if len(token_ids) < 2:
+        raise ValueError(f"token_ids needs at least 2 tokens to score, got {len(token_ids)}")
+    nll, count = sequence_nll(model, token_ids, make_prompt_cache(model) if cache is None else cache, 0, chunk)
+    return math.exp(nll / count)
 
 # %% ../nbs/06_models.ipynb #c966a716
 def generation_speed(
