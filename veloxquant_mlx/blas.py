@@ -10,7 +10,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['OPENBLAS_CANDIDATES', 'OPT_OUT_ENV', 'BlasStatus', 'find_openblas', 'openblas_in_process', 'preload_openblas',
-           'blas_status', 'matmul_gflops', 'subprocess_gflops']
+           'blas_status', 'matmul_gflops', 'run_child_json', 'subprocess_gflops']
 
 # %% ../nbs/05a_blas.ipynb #88a1a0ad
 @dataclass(frozen=True)
@@ -127,6 +127,23 @@ def matmul_gflops(
         mx.eval(a @ b)
     return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
 
+# %% ../nbs/05a_blas.ipynb #206bfd1d
+def run_child_json(
+    code: str,  # Python source for `python -c`; its last printed line must be JSON
+    openblas: bool = True,  # preload OpenBLAS in the child (False sets the opt-out variable)
+    timeout: float = 300,  # seconds before the child is killed
+    what: str = "child",  # what is measured, for the error message
+):
+    "Run `code` in a fresh interpreter (OpenBLAS preload on or opted out) and return the JSON of its last output line."
+    env = {k: v for k, v in os.environ.items() if k not in (OPT_OUT_ENV, "LD_PRELOAD")}
+    if not openblas:
+        env[OPT_OUT_ENV] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{what} process failed (openblas={openblas}):\n{out.stderr[-2000:]}")
+    import json
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
 # %% ../nbs/05a_blas.ipynb #ff5def96
 def subprocess_gflops(
     openblas: bool = True,  # preload OpenBLAS in the child (False sets the opt-out variable)
@@ -136,12 +153,5 @@ def subprocess_gflops(
     "GFLOP/s and BLAS status measured in a fresh Python process, with or without the OpenBLAS preload."
     code = ("import json; from veloxquant_mlx.blas import preload_openblas, matmul_gflops; "
             f"s = preload_openblas(); print(json.dumps([matmul_gflops({int(n)}), s.loaded, s.path, s.reason]))")
-    env = {k: v for k, v in os.environ.items() if k not in (OPT_OUT_ENV, "LD_PRELOAD")}
-    if not openblas:
-        env[OPT_OUT_ENV] = "1"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"GFLOP/s child process failed (openblas={openblas}):\n{out.stderr[-2000:]}")
-    import json
-    gflops, *status = json.loads(out.stdout.strip().splitlines()[-1])
+    gflops, *status = run_child_json(code, openblas, timeout, "GFLOP/s child")
     return gflops, BlasStatus(*status)

@@ -426,8 +426,7 @@ def generation_speed(
     timeout: float = 900,  # seconds before the child process is killed
 ) -> dict:
     "Prefill and decode tokens/s of the default model, measured in a fresh process."
-    import subprocess, sys
-    from veloxquant_mlx.blas import OPT_OUT_ENV
+    from veloxquant_mlx.blas import run_child_json
     code = f"""
 import json
 from veloxquant_mlx.models import load_default_model, prose_text
@@ -439,10 +438,4 @@ for r in stream_generate(model, tok, ids, max_tokens={int(max_tokens)}): pass
 print(json.dumps(dict(prompt_tokens=r.prompt_tokens, prefill_tps=r.prompt_tps, generated=r.generation_tokens,
                       decode_tps=r.generation_tps, openblas=blas_status().loaded)))
 """
-    env = {k: v for k, v in os.environ.items() if k not in (OPT_OUT_ENV, "LD_PRELOAD")}
-    if not openblas:
-        env[OPT_OUT_ENV] = "1"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"speed child process failed (openblas={openblas}):\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child_json(code, openblas, timeout, "speed child")
