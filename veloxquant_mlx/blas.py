@@ -127,7 +127,7 @@ def matmul_gflops(
         mx.eval(a @ b)
     return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
 
-# %% ../nbs/05a_blas.ipynb #206bfd1d
+# %% ../nbs/05a_blas.ipynb #fe8130f9
 def run_child_json(
     code: str,  # Python source for `python -c`; its last printed line must be JSON
     openblas: bool = True,  # preload OpenBLAS in the child (False sets the opt-out variable)
