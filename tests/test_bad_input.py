@@ -8,17 +8,23 @@ import numpy as np
 import pytest
 import mlx.core as mx
 from mlx_lm.models.cache import save_prompt_cache, load_prompt_cache, KVCache, ArraysCache
-from veloxquant_mlx import (H2OCache, PyramidKVCache, SqueezeAttentionCache, SqueezeCoordinator, KVCacheConfig,
-                            KVCacheBuilder, KVCacheFactory)
+from veloxquant_mlx import (H2OCache, PyramidKVCache, SnapKVCache, SqueezeAttentionCache, SqueezeCoordinator,
+                            KVCacheConfig, KVCacheBuilder, KVCacheFactory, EvictingCache, METHODS)
 from veloxquant_mlx.h2o import check_kv
 from veloxquant_mlx.builder import tiny_model, prompt_logits
 
 def kv(*shape, dtype=mx.float32): return mx.zeros(shape, dtype)
 
 # ---- keys / values ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cls", [H2OCache, PyramidKVCache, SqueezeAttentionCache])
-def test_rank_not_4_is_refused(cls):
-    c = cls(8, 2)
+EVICTING = [m for m, e in METHODS.items() if not e.baseline]   # every eviction method of the registry
+
+def layer(method, budget=8, n_sink=2, **kw):
+    "One layer of `method` as the factory makes it (its policy, its class)."
+    return KVCacheFactory.create(KVCacheConfig.for_method(method, budget, n_sink, **kw))
+
+@pytest.mark.parametrize("method", EVICTING)
+def test_rank_not_4_is_refused(method):
+    c = layer(method)
     with pytest.raises(ValueError, match=r"`keys` must have rank 4 .*got shape \(2, 3, 8\)"):
         c.update_and_fetch(kv(2, 3, 8), kv(2, 3, 8))
     with pytest.raises(ValueError, match=r"`values` must have rank 4"):
@@ -98,27 +104,30 @@ def test_factory_caps_budget_at_the_window():
 
 # ---- config ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs,msg", [
-    (dict(method="h2o", h2o_budget=16, pyramid_beta=2.0), "`pyramid_beta` belongs to method 'pyramidkv', but `method` is 'h2o'"),
-    (dict(method="pyramidkv", pyramid_budget=16, squeeze_strength=0.5), "`squeeze_strength` belongs to method 'squeeze'"),
-    (dict(method="squeeze", squeeze_budget=16, h2o_n_sink=2), "`h2o_n_sink` belongs to method 'h2o'"),
-    (dict(method="squeeze", h2o_budget=16), "`h2o_budget` belongs to method 'h2o'"),
-    (dict(method="h2o"), "`h2o_budget` is required for method 'h2o'"),
-    (dict(method="streaming", h2o_budget=16), "`method` must be one of"),
-    (dict(method="pyramidkv", pyramid_budget=16, pyramid_beta=0.5), "beta"),
-    (dict(method="squeeze", squeeze_budget=16, squeeze_strength=1.5), "strength"),
-    (dict(method="h2o", h2o_budget=16, head_dim=0), "`head_dim` must be a positive integer"),
-    (dict(method="h2o", h2o_budget=4, h2o_n_sink=4), "budget"),
+    (dict(method="h2o", budget=16, params=dict(beta=2.0)), r"`beta` is not a parameter of method 'h2o' .*pyramidkv"),
+    (dict(method="pyramidkv", budget=16, params=dict(strength=0.5)), r"`strength` is not a parameter .*squeeze"),
+    (dict(method="tova", budget=16, params=dict(obs_window=8)), r"`obs_window` is not a parameter of method 'tova'"),
+    (dict(method="h2o"), "`budget` is required for method 'h2o'"),
+    (dict(method="streaming", budget=16), "`method` must be one of"),
+    (dict(method="pyramidkv", budget=16, params=dict(beta=0.5)), "beta"),
+    (dict(method="squeeze", budget=16, params=dict(strength=1.5)), "strength"),
+    (dict(method="squeeze", budget=16, params=dict(signal="oracle")), "`signal` must be one of"),
+    (dict(method="chunkkv", budget=16, params=dict(chunk=0)), "`chunk` must be an integer >= 1, got 0"),
+    (dict(method="snapkv", budget=16, params=dict(kernel=4)), "`kernel` must be an odd integer"),
+    (dict(method="h2o", budget=16, head_dim=0), "`head_dim` must be an integer >= 1"),
+    (dict(method="h2o", budget=4, n_sink=4), "`budget` must be an integer >= 5, got 4"),
+    (dict(method="h2o", budget=16, compress="never"), "`compress` must be one of"),
 ])
 def test_config_fields(kwargs, msg):
     with pytest.raises(ValueError, match=msg): KVCacheConfig(**kwargs)
 
 def test_for_method_with_a_field_of_another_method():
-    with pytest.raises(TypeError, match="h2o_beta"): KVCacheConfig.for_method("h2o", 16, beta=2.0)
+    with pytest.raises(ValueError, match="`beta` is not a parameter of method 'h2o'"): KVCacheConfig.for_method("h2o", 16, beta=2.0)
 
 def test_config_head_dim_checked_against_the_model():
     model = tiny_model("llama", n_layers=2)
     with pytest.raises(ValueError, match="`head_dim` is 32 in the config but the model's is 16"):
-        KVCacheBuilder.for_model(model, KVCacheConfig(method="h2o", h2o_budget=16, head_dim=32))
+        KVCacheBuilder.for_model(model, KVCacheConfig(method="h2o", budget=16, head_dim=32))
 
 def test_squeeze_resolved_budget_of_the_wrong_length_for_the_model():
     model = tiny_model("llama", n_layers=4)

@@ -6,6 +6,7 @@ from veloxquant_mlx.blas import preload_openblas
 preload_openblas()
 from veloxquant_mlx import quality as Q
 from veloxquant_mlx.cli import load_cli_model
+from veloxquant_mlx.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(budgets=[40, 80], n_passkey=2, lengths=[300, 400], depths=[0.5], ppl_samples=1, ppl_context=256, ppl_tokens=24,
@@ -19,7 +20,7 @@ def check_structure(res, budgets, methods):
         full = [r for r in tr if r["name"] == "full"]
         assert len(full) == 1 and full[0]["kv_fraction"] == 1.0
         for r in tr:
-            assert {"model", "task", "method", "score", "signal", "budget", "kv_fraction", "samples", "seed"} <= set(r)
+            assert {"model", "task", "method", "name", "params", "budget", "kv_fraction", "samples", "seed"} <= set(r)
             assert r["samples"] >= 1
             if r["name"] != "full": assert r["budget"] in budgets and 0 < r["kv_fraction"] < 1
     for r in rows:
@@ -37,22 +38,22 @@ def test_scoring():
     assert Q.score_answer(" 123456789", "12345")["partial"] == 1.0   # only the first len(key) digits count for partial credit
 
 def test_configs_cover_the_grid():
-    names = [m.name for m in Q.GRID_METHODS]
-    assert len(set(names)) == len(names) == 10
-    for m in Q.GRID_METHODS:
-        c = m.config(128)
-        if m.method in ("streaming",): assert c is None; continue
-        assert c.method == m.method and c.budget == 128
-        if m.method != "snapkv": assert c.score == m.score
-        if m.method == "squeeze": assert (c.squeeze_signal, c.squeeze_strength) == (m.signal, m.strength)
-        if m.method == "pyramidkv": assert c.pyramid_beta == m.beta
+    "Every registered method has a row (without a line of its own in the harness), and the rows' labels are unique."
+    cfgs = Q.grid_configs(128)
+    labels = [c.label for c in cfgs]
+    assert len(set(labels)) == len(labels) == len(Q.GRID)
+    assert {m for m in METHODS if m != "full"} <= set(labels)
+    for c in cfgs:
+        assert c.budget == 128 and Q.KVCacheConfig.from_label(c.label, 128) == c
+
+EVICTING = [c for c in Q.grid_configs(40) if not c.entry.baseline]
 
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
 def test_shared_prefill_matches_own_prefill(arch):
     "Every eviction method gives the same tokens (and first-step log-probs) from the shared prefill as from its own generate_step."
     model, tok = load_cli_model("tiny:" + arch)
     ids = Q.passkey_set(tok, 1, lengths=[300], depths=[0.5])[0]["ids"]
-    res = Q.check_shared_prefill(model, tok, ids, [Q.FULL] + [m for m in Q.GRID_METHODS if m.method != "streaming"], 40, max_tokens=4)
+    res = Q.check_shared_prefill(model, tok, ids, [Q.FULL] + EVICTING, max_tokens=4)
     for name, r in res.items():
         assert r["same"], (name, r)
         assert r["first_logprob_maxdiff"] < 1e-3, (name, r)
@@ -62,27 +63,23 @@ def test_batched_decoding_matches_sequential(arch):
     "Batched decoding (one forward for every method) gives each method the answer its own generate_step gives."
     model, tok = load_cli_model("tiny:" + arch)
     ids = Q.passkey_set(tok, 1, lengths=[300], depths=[0.3])[0]["ids"]
-    res = Q.check_batched(model, tok, ids, Q.GRID_METHODS, 40, max_tokens=5)
-    assert len(res) == 1 + len(Q.GRID_METHODS)
+    res = Q.check_batched(model, tok, ids, Q.grid_configs(40), max_tokens=5)
+    assert len(res) == 1 + len(Q.GRID)
     for name, r in res.items(): assert r["same"], (name, r)
 
 def test_batched_perplexity_matches_sequential():
     model, tok = load_cli_model("tiny:gemma3")
     ids = Q.ppl_sequences(tok, 1, 200, 20)[0]
-    methods = [Q.FULL] + Q.GRID_METHODS
-    def prefilled():
-        ref, sets = Q.make_prompt_cache(model), [m.make_cache(model, 40) for m in Q.GRID_METHODS]
-        Q.shared_prefill(model, ids[:200], ref, sets)
-        return [ref] + sets
-    seq = [Q.score_continuation(model, c, ids, 200, 8) for c in prefilled()]
-    bat = Q.batched_score(model, prefilled(), ids, 200, 8)
-    for m, (a, n), (b, k) in zip(methods, seq, bat):
-        assert n == k == 20 and abs(a - b) <= 1e-4 * abs(a) + 1e-3, (m.name, a, b)
+    configs = Q.grid_configs(40)
+    seq = [Q.score_continuation(model, c, ids, 200, 8) for c in Q.prefilled(model, ids[:200], configs)]
+    bat = Q.batched_score(model, Q.prefilled(model, ids[:200], configs), ids, 200, 8)
+    for name, (a, n), (b, k) in zip(["full"] + [c.label for c in configs], seq, bat):
+        assert n == k == 20 and abs(a - b) <= 1e-4 * abs(a) + 1e-3, (name, a, b)
 
 def test_run_grid_tiny():
     model, tok = load_cli_model("tiny:gemma3")
     res = Q.run_grid(model, tok, "tiny:gemma3", log=lambda *a: None, **TINY)
-    check_structure(res, TINY["budgets"], Q.GRID_METHODS)
+    check_structure(res, TINY["budgets"], Q.GRID)
     assert res["rows"][-1]["samples"] == 2 and len(res["keys"]) == 2 and len(res["prompts"]) == 2
 
 def test_run_grid_sequential_and_verify_agree():
@@ -110,7 +107,7 @@ def test_script_quick_mode(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["settings"]["quick"] is True
-    check_structure(res, Q.QUICK["budgets"], Q.GRID_METHODS)
+    check_structure(res, Q.QUICK["budgets"], Q.GRID)
 
 def test_extend_and_merge():
     "A pass-key-only run continuing an earlier one pools into the same rows (sample-weighted)."
@@ -122,7 +119,7 @@ def test_extend_and_merge():
     both = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 2})
     m = Q.merge_results(a, b)
     assert m["keys"] == both["keys"] and len(m["runs"]) == 2
-    check_structure(m, [40], Q.GRID_METHODS)
+    check_structure(m, [40], Q.GRID)
     for x, y in zip(sorted(m["rows"], key=lambda r: (r["task"], r["name"])), sorted(both["rows"], key=lambda r: (r["task"], r["name"]))):
         assert x["samples"] == y["samples"]
         if x["task"] == "passkey": assert x["answers"] == y["answers"] and abs(x["partial"] - y["partial"]) < 1e-9
@@ -135,9 +132,9 @@ def test_perplexity_only_run_combines_with_passkey_run():
     b = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 0, "ppl_samples": 2})
     assert {r["task"] for r in b["rows"]} == {"perplexity"} and all(len(r["nll_per_text"]) == 2 for r in b["rows"])
     c = Q.combine_runs(a, b)
-    check_structure(c, [40], Q.GRID_METHODS)
+    check_structure(c, [40], Q.GRID)
     assert next(r for r in c["rows"] if r["task"] == "perplexity")["samples"] == 2 and c["settings"]["ppl_samples"] == 2
-    assert isinstance(Q.markdown_table(c), str) and len(Q.gap_table(c)) == len(Q.GRID_METHODS)
-    d = Q.paired_nll(c, "h2o/attention", "h2o/key_proxy")
+    assert isinstance(Q.markdown_table(c), str) and len(Q.gap_table(c)) == len(Q.GRID)
+    d = Q.paired_nll(c, "h2o", "h2o[score=key_proxy]")
     assert len(d) == 1 and d[0]["texts"] == 2 and 0 <= d[0]["a_lower"] <= 2
-    assert Q.paired_nll(c, "h2o/attention", "h2o/attention")[0]["mean_diff"] == 0
+    assert Q.paired_nll(c, "h2o", "h2o")[0]["mean_diff"] == 0

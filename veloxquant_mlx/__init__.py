@@ -13,9 +13,16 @@ _preload_openblas()
 # %% ../nbs/09_api.ipynb #bd251bfe
 from .proxy import concentration_score, layer_concentration
 from .allocators import pyramid_budgets, squeeze_budgets, allocate_exact
-from .cache import H2OCache, PyramidKVCache, SqueezeAttentionCache, install_attention_hook, remove_attention_hook
-from .coordinator import SqueezeCoordinator
+from .policies import Policy, KeyProxy, CumulativeAttention, ObservationWindow, LastQuery, Recency, ChunkKV
+from .cache import (EvictingCache, H2OCache, PyramidKVCache, SnapKVCache, SqueezeAttentionCache,
+                                  install_attention_hook, remove_attention_hook)
+from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SqueezeCoordinator
+from .methods import METHODS, Method, Param, register, methods_table
 from .builder import KVCacheConfig, KVCacheFactory, KVCacheBuilder, cache_summary, coordinator_of
 __all__ = ["concentration_score", "layer_concentration", "pyramid_budgets", "squeeze_budgets", "allocate_exact",
-           "H2OCache", "PyramidKVCache", "SqueezeAttentionCache", "install_attention_hook", "remove_attention_hook",
-           "SqueezeCoordinator", "KVCacheConfig", "KVCacheFactory", "KVCacheBuilder", "cache_summary", "coordinator_of"]
+           "Policy", "KeyProxy", "CumulativeAttention", "ObservationWindow", "LastQuery", "Recency", "ChunkKV",
+           "EvictingCache", "H2OCache", "PyramidKVCache", "SnapKVCache", "SqueezeAttentionCache",
+           "install_attention_hook", "remove_attention_hook",
+           "Schedule", "Uniform", "Pyramid", "Squeeze", "SqueezeCoordinator",
+           "METHODS", "Method", "Param", "register", "methods_table",
+           "KVCacheConfig", "KVCacheFactory", "KVCacheBuilder", "cache_summary", "coordinator_of"]

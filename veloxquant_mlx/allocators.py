@@ -93,11 +93,13 @@ def allocate_exact(weights, # non-negative per-layer weights (targets); only the
     total, floor = _check_int('total', total, 0), _check_int('floor', floor, 0)
     n_layers = len(weights)
     caps = _check_caps(caps, n_layers, floor)
-    ties = weights if ties is None else [Fraction(_check_real(f"ties[{i}]", t)) for i, t in enumerate(_as_list('ties', ties))]
+    if ties is not None: ties = [Fraction(_check_real(f"ties[{i}]", t)) for i, t in enumerate(_as_list('ties', ties))]
+    else: ties = weights
     if len(ties) != n_layers: raise ValueError(f"ties has {len(ties)} entries: expected one per layer ({n_layers})")
     if n_layers == 0: return []
     if total < n_layers * floor:
-        raise ValueError(f"total={total} is out of range: expected an integer >= floor * len(weights) = {n_layers * floor}")
+        raise ValueError(f"total={total} is out of range: expected an integer >= floor * len(weights) = "
+                         f"{n_layers * floor}")
     if None not in caps and sum(caps) <= total: return caps   # cannot spend it all: everyone at the cap
     if sum(weights) == 0: weights = [Fraction(1)] * n_layers
     s = _scale_to_total(weights, total, floor, caps)
@@ -154,14 +156,15 @@ def _squeeze_targets(concentrations:list, # per-layer concentrations, finite flo
     return [avg_budget * ((1 - strength) + strength * r / mean) for r in raw]
 
 # %% ../nbs/01_allocators.ipynb #bf7b5705
-def squeeze_budgets(concentrations, # per-layer concentration (finite; clipped to [0, 1]), e.g. from `layer_concentration`
-                    avg_budget:int, # mean KV budget per layer (>= n_sink + 1); the total is len(concentrations) * avg_budget
+def squeeze_budgets(concentrations, # per-layer concentration (finite; clipped to [0, 1]), from `layer_concentration`
+                    avg_budget:int, # mean KV budget per layer (>= n_sink + 1); total: len(concentrations) * avg_budget
                     n_sink:int=4, # attention-sink tokens every layer keeps (>= 0); the floor is n_sink + 1
                     strength:float=1.0, # in [0, 1]: 0 uniform (H2O), 1 full re-allocation
                     caps=None # optional per-layer maximums (None entries: no cap), each >= n_sink + 1
                    )->list: # integer budgets, one per layer, summing to exactly len(concentrations) * avg_budget
     "SqueezeAttention budgets: weight `1 - concentration`, mean weight 1, blended with uniform by `strength`."
-    concentrations = [_check_real(f"concentrations[{i}]", c) for i, c in enumerate(_as_list('concentrations', concentrations))]
+    concentrations = [_check_real(f"concentrations[{i}]", c)
+                      for i, c in enumerate(_as_list('concentrations', concentrations))]
     n_sink = _check_int('n_sink', n_sink, 0)
     floor = n_sink + 1
     avg_budget = _check_int('avg_budget', avg_budget, floor)

@@ -10,6 +10,7 @@ preload_openblas()  # before mlx.core: MLX's CPU wheel otherwise uses a referenc
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from .builder import KVCacheConfig, KVCacheBuilder, tiny_model, coordinator_of
+from .methods import METHODS
 from .h2o import prefill_evict, prefill_evict_reference, eviction_priority, proxy_mass, scatter_slot
 import veloxquant_mlx.cache as _cache_mod
 
@@ -52,11 +53,9 @@ def real_gemma_available()->bool:
 _ARRAYS = ("keys", "values", "positions", "scores")
 
 def make_caches(model, kind:str, budget:int=512):
-    "mlx-lm's prompt cache (`kind='plain'`) or an evicting one (`'h2o'`, `'pyramidkv'`, `'squeeze'`, `'snapkv'`; `'h2o+attn'` scores with the real queries) at `budget`."
+    "mlx-lm's prompt cache (`kind='plain'`) or the cache a registry label names (`'h2o'`, `'tova'`, ...) at `budget`."
     if kind == "plain": return make_prompt_cache(model)
-    method, _, score = kind.partition("+")
-    kw = dict(score="attention") if score == "attn" else {}
-    return KVCacheBuilder.for_model(model, KVCacheConfig.for_method(method, budget, **kw))
+    return KVCacheBuilder.for_model(model, KVCacheConfig.from_label(kind, budget))
 
 def sync(out, caches):
     "Evaluate `out` and every array the caches hold."
@@ -372,7 +371,7 @@ def plot_results(res:dict, save_dir:str|None=None)->list:
     return [f for _, f in figs]
 
 # %% ../nbs/12_speed.ipynb #ef28d67f
-SCORE_KINDS = ("plain", "h2o", "h2o+attn", "snapkv")
+SCORE_KINDS = ("plain", "h2o[score=key_proxy]") + tuple(m for m, e in METHODS.items() if not e.baseline)
 
 def bench_scores(quick:bool=False, log=print)->dict:
     "Decode overhead of each score source (proxy, real queries, SnapKV) vs the plain cache, per decode model."
@@ -386,10 +385,15 @@ def bench_scores(quick:bool=False, log=print)->dict:
 
 def format_scores(res:dict)->str:
     "The `bench_scores` medians as a table: tok/s and the ratio of step time to the plain cache."
-    lines = [f"{'model':<14}" + "".join(f"{k:>22}" for k in SCORE_KINDS)]
-    for name, d in res["decode"].items():
-        cells = [f"{d['kinds'][k]['tok_s']:6.2f} tok/s" + (f" ({d['kinds'][k]['ratio_vs_plain']:.2f}x)" if 'ratio_vs_plain' in d['kinds'][k] else "        ") for k in SCORE_KINDS]
-        lines.append(f"{name:<14}" + "".join(f"{c:>22}" for c in cells))
+    kinds = [k for k in SCORE_KINDS if any(k in d["kinds"] for d in res["decode"].values())]
+    lines = [f"{'kind':<22}" + "".join(f"{name:>24}" for name in res["decode"])]
+    for k in kinds:
+        cells = []
+        for d in res["decode"].values():
+            r = d["kinds"].get(k)
+            ratio = f" ({r['ratio_vs_plain']:.2f}x)" if r and "ratio_vs_plain" in r else "        "
+            cells.append("-" if r is None else f"{r['tok_s']:6.2f} tok/s{ratio}")
+        lines.append(f"{k:<22}" + "".join(f"{c:>24}" for c in cells))
     return "\n".join(lines)
 
 # %% ../nbs/12_speed.ipynb #4c3a6186

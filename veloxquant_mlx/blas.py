@@ -85,7 +85,8 @@ def _preload(candidates) -> BlasStatus:
         return BlasStatus(True, already, "already loaded in this process")
     if "mlx.core" in sys.modules:
         warnings.warn("veloxquant_mlx: mlx.core was imported before preload_openblas(); MLX keeps its slow "
-                      "reference BLAS. Import veloxquant_mlx (or call preload_openblas()) before mlx.", RuntimeWarning, stacklevel=3)
+                      "reference BLAS. Import veloxquant_mlx (or call preload_openblas()) before mlx.", RuntimeWarning,
+                      stacklevel=3)
         return BlasStatus(False, None, "mlx.core was already imported; too late to swap its BLAS")
     path = find_openblas(candidates)
     if path is None:

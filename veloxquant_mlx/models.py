@@ -128,7 +128,8 @@ def build_tokenizer(
     tk.normalizer = normalizers.Replace(" ", "▁")
     tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     tk.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL])
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, k in zip(tokens, types) if k == CONTROL])
     bos_id = vocab[bos_token]
     tk.post_processor = processors.TemplateProcessing(
         single=f"{bos_token} $A", pair=f"{bos_token} $A {bos_token} $B", special_tokens=[(bos_token, bos_id)])
@@ -243,8 +244,10 @@ def convert_gguf(
 
     build_tokenizer(tokens, scores, types, bos_token=tokens[ids["bos"]], unk_token=tokens[ids["unknown"]]
                     ).save(str(out_dir / "tokenizer.json"))
-    special = {k: tokens[ids[r]] for k, r in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding"))}
-    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": True, "add_eos_token": False,
+    roles = (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding"))
+    special = {k: tokens[ids[r]] for k, r in roles}
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": True,
+                  "add_eos_token": False,
                   "model_max_length": config["max_position_embeddings"], "clean_up_tokenization_spaces": False,
                   "spaces_between_special_tokens": False}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
@@ -267,7 +270,8 @@ def is_converted(
         info = json.loads((model_dir / "veloxquant_conversion.json").read_text())
     except (OSError, ValueError):
         return False
-    return info.get("converter_version") == CONVERTER_VERSION and all((model_dir / f).is_file() for f in _REQUIRED_FILES)
+    complete = all((model_dir / f).is_file() for f in _REQUIRED_FILES)
+    return info.get("converter_version") == CONVERTER_VERSION and complete
 
 def assemble_gguf(
     dest_dir,  # directory to write the assembled .gguf into
@@ -334,7 +338,8 @@ def load_model(
     path = Path(path_or_hub_id).expanduser()
     if not path.exists():
         as_str = str(path_or_hub_id)
-        looks_like_path = isinstance(path_or_hub_id, Path) or as_str.startswith(("/", ".", "~")) or os.sep == "\\" and "\\" in as_str
+        windows_path = os.sep == "\\" and "\\" in as_str
+        looks_like_path = isinstance(path_or_hub_id, Path) or as_str.startswith(("/", ".", "~")) or windows_path
         if looks_like_path or not _HUB_ID.fullmatch(as_str):
             raise FileNotFoundError(f"path_or_hub_id={as_str!r}: no such model directory")
         path = _fetch_from_hub(as_str)
@@ -402,7 +407,8 @@ def sequence_nll(
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         nll = nll - mx.take_along_axis(logp, targets[:, None], axis=-1).sum()
         count += inputs.shape[1]
-        mx.eval(nll, [a for c in cache for a in (getattr(c, "keys", None), getattr(c, "values", None)) if isinstance(a, mx.array)])
+        held = (getattr(c, "keys", None) for c in cache), (getattr(c, "values", None) for c in cache)
+        mx.eval(nll, [a for arrays in held for a in arrays if isinstance(a, mx.array)])
     return float(nll), count
 
 def perplexity(

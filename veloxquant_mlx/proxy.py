@@ -15,7 +15,8 @@ def _check_keys(keys # keys as `[S, D]` or `[B, H, S, D]`; lists and NumPy array
     "Return `keys` as an `mx.array`, or raise a `ValueError` naming its shape if it is not rank 2 or 4."
     if not isinstance(keys, mx.array): keys = mx.array(keys)
     if keys.ndim not in (2, 4):
-        raise ValueError(f"keys has shape {tuple(keys.shape)} (rank {keys.ndim}): expected rank 2 [S, D] or rank 4 [B, H, S, D]")
+        raise ValueError(f"keys has shape {tuple(keys.shape)} (rank {keys.ndim}): expected rank 2 [S, D] or rank 4 "
+                         "[B, H, S, D]")
     return keys
 
 # %% ../nbs/00_proxy.ipynb #28eb55df
