@@ -22,7 +22,7 @@ __all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'KVCacheConfig', 'KVCacheFactory',
 # %% ../nbs/05_builder.ipynb #33749bd8
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
-_SHARED = ("n_recent", "compress", "head_dim")  # for_method keywords that are fields, not method parameters
+_SHARED = ("n_recent", "compress", "slack", "head_dim")  # for_method keywords that are fields, not method parameters
 
 @dataclass
 class KVCacheConfig:
@@ -32,6 +32,7 @@ class KVCacheConfig:
     n_sink:int = 4 # never-evicted prefix (the attention sinks)
     n_recent:int = 0 # newest tokens every layer protects (H2O's local window; 0 = the method documents' rule)
     compress:str = "chunk" # when layers choose: "chunk" (after every forward pass) or "prompt_end" (once it is read)
+    slack:int = 0 # a choice keeps `budget - slack` tokens; the next `slack` (an answer being copied) evict nothing
     params:dict = field(default_factory=dict) # the method's own parameters; missing ones take their defaults
     head_dim:int|None = None # optional: checked against the model's head_dim
 
@@ -54,7 +55,7 @@ class KVCacheConfig:
         if self.entry.baseline: return
         self.schedule                                                           # validates the schedule's parameters
         policy = self.policy if "obs_window" in given else self.policy.fitted(self.budget, self.n_sink)  # defaults fit
-        EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent)                   # validates
+        EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent, slack=self.slack)  # validates
 
     def __getattr__(self, name):
         "The method's parameters read as attributes (`config.beta`)."
@@ -82,7 +83,7 @@ class KVCacheConfig:
         "A short name for tables: the method and its parameters that differ from the defaults."
         defaults = self.entry.resolve({})
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
-        shared = (("n_recent", 0), ("compress", "chunk"))
+        shared = (("n_recent", 0), ("compress", "chunk"), ("slack", 0))
         diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 
@@ -93,7 +94,7 @@ class KVCacheConfig:
         "The configuration a `label` names (parameters parsed by their declared types)."
         name, _, rest = label.partition("[")
         if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
-        types = {p.name: p.type for p in METHODS[name].params} | {"n_recent": int, "compress": str}
+        types = {p.name: p.type for p in METHODS[name].params} | {"n_recent": int, "compress": str, "slack": int}
         kwargs = {}
         for part in filter(None, rest.rstrip("]").split(",")):
             k, _, v = part.partition("=")
@@ -123,10 +124,12 @@ def _layer(cls, **kwargs)->EvictingCache:
 
 def _layer_args(config:KVCacheConfig, budget:int|None, window:int|None)->dict:
     "The arguments every layer of `config` shares, fitted to a layer of `budget` tokens."
-    s, policy, r = config.n_sink, config.policy, config.n_recent
-    if budget is not None: policy, r = policy.fitted(budget, s), min(r, budget - s - 1)
+    s, policy, r, slack = config.n_sink, config.policy, config.n_recent, config.slack
+    if budget is not None:
+        policy, r = policy.fitted(budget, s), min(r, budget - s - 1)
+        slack = max(0, min(slack, budget - s - max(r + 1, policy.obs_window)))
     if policy.needs_queries: install_attention_hook()             # real-query scores arrive through the hook
-    return dict(budget=budget, n_sink=s, window=window, policy=policy, recent=r, compress=config.compress,
+    return dict(budget=budget, n_sink=s, window=window, policy=policy, recent=r, compress=config.compress, slack=slack,
                 method=config.method, info={"avg_budget": config.budget, **config.params})
 
 def _layer_class(config:KVCacheConfig)->type:

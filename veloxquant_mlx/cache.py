@@ -38,6 +38,7 @@ class EvictingCache(_BaseCache):
                  policy:Policy|None=None, # which tokens to keep (default: H2O with the key-as-query proxy)
                  recent:int=0, # the newest `recent` tokens are never evicted (H2O's local window)
                  compress:str="chunk", # "chunk" (after every forward pass) or "prompt_end" (once the prompt is read)
+                 slack:int=0, # a choice keeps `budget - slack`: the next `slack` tokens fill the rest, evicting nothing
                  coordinator=None, # a schedule that sets this layer's budget later (SqueezeAttention's coordinator)
                  layer_idx:int=0, # this layer's index among the coordinated layers
                  method:str|None=None, # the registry name this layer was built for (reports and saved states)
@@ -50,6 +51,7 @@ class EvictingCache(_BaseCache):
         if not isinstance(policy, Policy): raise TypeError(f"`policy` must be a Policy, got {type(policy).__name__}")
         self.n_sink, self.window, self.policy, self.compress = n_sink, window, policy, compress
         self.recent = self._recent_asked = _check_int("recent", recent, 0)
+        self.slack = self._slack_asked = _check_int("slack", slack, 0)
         self.method = method or type(self).method or policy.name
         self.layer_idx, self.coordinator, self._measure = layer_idx, coordinator, measure or coordinator is not None
         self.info = dict(info or {})
@@ -86,17 +88,18 @@ class EvictingCache(_BaseCache):
         "True before the first token."
         return self.keys is None
 
-# %% ../nbs/03_cache.ipynb #7e2170a1
+# %% ../nbs/03_cache.ipynb #405e6f56
 @patch
 def _set_budget(self:EvictingCache, budget:int):
     "Validate and adopt `budget` as given (the recent tokens and the observation window must fit beside the sinks)."
     _check_int("budget", budget, self.n_sink + 1, self.window)
-    w = self.policy.obs_window
-    if w > 1 and self.n_sink + w > budget:
-        raise ValueError(f"`obs_window` + `n_sink` = {self.n_sink + w} must be <= the budget {budget}: "
+    w, keep = self.policy.obs_window, budget - self.slack
+    room = f"the budget {budget}" + (f" minus `slack` = {keep}" if self.slack else "")
+    if w > 1 and self.n_sink + w > keep:
+        raise ValueError(f"`obs_window` + `n_sink` = {self.n_sink + w} must be <= {room}: "
                          "SnapKV always keeps its observation window")
-    if self.n_sink + self.recent + 1 > budget:
-        raise ValueError(f"`n_sink` + `recent` + 1 = {self.n_sink + self.recent + 1} must be <= the budget {budget}: "
+    if self.n_sink + self.recent + 1 > keep:
+        raise ValueError(f"`n_sink` + `recent` + 1 = {self.n_sink + self.recent + 1} must be <= {room}: "
                          "a decode step needs one evictable slot")
     self.budget = budget
 
@@ -105,8 +108,9 @@ def adopt_budget(self:EvictingCache, budget:int):
     "Take a budget from a schedule and trim what is held to it by the policy (the recent window shrinks to fit)."
     self.recent = max(0, min(self._recent_asked, budget - self.n_sink - 1))
     self.policy = self.policy.fitted(budget, self.n_sink)
+    self.slack = max(0, min(self._slack_asked, budget - self.n_sink - max(self.recent + 1, self.policy.obs_window)))
     self._set_budget(budget)
-    if not self._pending and not self.deferring and self.count > budget: self._select(self.offset)
+    if not self._pending and self._select_due(): self._select(self.offset)
 
 @patch
 def reset(self:EvictingCache, **budget):
@@ -143,7 +147,7 @@ def update_and_fetch(self:EvictingCache, keys, values):
     N, start = keys.shape[2], self.offset
     self._before_update(keys)
     self._prompt_end = self.deferring and N == 1          # the first one-token pass ends a prompt
-    if self._prompt_end: self.prompt_done = True
+    if self._prompt_end: self._end_of_prompt(start + 1)
     self.offset += N
     if N == 1 and self.keys is not None:
         if self.budget is None or self.count < self.budget: return self._update_in_place(keys, values, start)
@@ -204,7 +208,7 @@ def _update_evict_slot(self:EvictingCache, keys, values, start:int):
     self._attn_pos = self.positions
     return self.keys, self.values
 
-# %% ../nbs/03_cache.ipynb #4a722be1
+# %% ../nbs/03_cache.ipynb #4ce79dc6
 @patch
 def _held(self:EvictingCache, start:int):
     "The held (keys, values, positions, scores); a waiting windowed layer first drops what `start` cannot see."
@@ -231,26 +235,39 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     return cand[0], cand[1]
 
 @patch
-def _select_due(self:EvictingCache)->bool:
-    "True when what is held must be cut to the budget now."
-    return self.budget is not None and not self.deferring and self.count > self.budget
+def _target(self:EvictingCache, decode:bool=False)->int:
+    "Tokens a choice keeps: the budget after a decoding step, `budget - slack` after a chunk or a prompt's end."
+    return self.budget if decode else self.budget - self.slack
 
 @patch
-def _select(self:EvictingCache, next_pos:int):
-    "Keep the `budget` tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
+def _select_due(self:EvictingCache, decode:bool=False)->bool:
+    "True when what is held must be cut now."
+    return self.budget is not None and not self.deferring and self.count > self._target(decode)
+
+@patch
+def _select(self:EvictingCache, next_pos:int, decode:bool=False):
+    "Keep the tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
+    n = self._target(decode)
     view = View(self.scores[:, :, :self.count], self.positions[:, :, :self.count], next_pos)
-    idx, s = self.policy.keep(view, self.budget, self.n_sink, self.window, self.recent)
+    idx, s = self.policy.keep(view, n, self.n_sink, self.window, self.recent)
     take = lambda a: mx.take_along_axis(a[:, :, :self.count], idx[..., None] if a.ndim == 4 else idx, axis=2)
     self.keys, self.values, self.positions, self.scores = take(self.keys), take(self.values), take(self.positions), \
         mx.take_along_axis(s, idx, axis=2)
-    self.count, self.evicted = self.budget, True
+    self.count, self.evicted = n, True
 
-# %% ../nbs/03_cache.ipynb #469e064c
+@patch
+def _end_of_prompt(self:EvictingCache, n_tokens:int):
+    "The prompt has ended at `n_tokens`: a schedule waiting for its length sets the budgets now; nothing is chosen yet."
+    co = self.coordinator
+    if co is not None and hasattr(co, "prompt_ended"): co.prompt_ended(n_tokens)
+    self.prompt_done = True
+
+# %% ../nbs/03_cache.ipynb #72bab8f0
 @patch
 def end_prompt(self:EvictingCache):
     "End the prompt now: measure the observation window if the policy has one, and keep the budget."
     if self.keys is None or not self.deferring: return
-    self.prompt_done = True
+    self._end_of_prompt(self.offset)
     if self.policy.obs_window and self._obs_q is not None:
         q, qpos, scale = self._obs_q
         obs = query_mass(q, self.keys[:, :, :self.count], self.positions[:, :, :self.count], qpos, scale, self.window)
@@ -337,7 +354,8 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     "Attention over what `update_and_fetch` returned, with this layer's own mask; the policy observes; then trim."
     N, p = queries.shape[2], self.policy
     qpos = mx.arange(self.offset - N, self.offset, dtype=mx.int32)
-    due = self._pending and self._select_due()
+    decode = N == 1 and not self._prompt_end
+    due = self._pending and self._select_due(decode)
     window_due = p.obs_window > 0 and (due or self._prompt_end or (N > 1 and not self.deferring))
     if p.obs_window: self._remember(queries, qpos, scale)
     out = None
@@ -356,7 +374,7 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     self._prompt_end = False
     if self._pending:
         self._pending = False
-        if due: self._select(self.offset)
+        if due: self._select(self.offset, decode)
     return out
 
 @patch
@@ -375,7 +393,7 @@ def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, 
     return mx.softmax(logits, axis=-1, precise=True) @ v
 
 # %% ../nbs/03_cache.ipynb #c2719491
-_META_FIELDS = ("method", "budget", "n_sink", "window", "offset", "count", "evicted", "recent", "compress",
+_META_FIELDS = ("method", "budget", "n_sink", "window", "offset", "count", "evicted", "recent", "slack", "compress",
                 "prompt_done", "layer_idx", "concentration", "hidden_cosine")
 
 @patch
@@ -383,6 +401,7 @@ def _meta(self:EvictingCache)->dict:
     "Everything but the arrays, as a JSON-able dict."
     meta = {f: getattr(self, f) for f in _META_FIELDS}
     meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._recent_asked,
+                slack_asked=self._slack_asked,
                 measure=self._measure, info=self.info)
     if self._obs_q is not None: meta.update(obs_qpos=self._obs_q[1].tolist(), obs_scale=self._obs_q[2])
     return meta
@@ -395,7 +414,8 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
                          f"{type(self).__name__} ({type(self).method!r})")
     for f in _META_FIELDS: setattr(self, f, meta[f])
     self.policy = make_policy(meta["policy"], **meta["policy_params"])
-    self._recent_asked, self._measure, self.info = meta["recent_asked"], meta["measure"], meta["info"]
+    self._recent_asked, self._slack_asked = meta["recent_asked"], meta["slack_asked"]
+    self._measure, self.info = meta["measure"], meta["info"]
     self.coordinator = None
     self._attn_pos, self._pending, self._prompt_end = None, False, False
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
@@ -480,7 +500,7 @@ def merge(cls:EvictingCache, caches):
                     "with a plain cache and drop eviction. Generate one prompt at a time (a batch of B rows in one "
                     "call is supported).")
 
-# %% ../nbs/03_cache.ipynb #0f962d37
+# %% ../nbs/03_cache.ipynb #0325a391
 @patch(as_prop=True)
 def wants_hidden(self:EvictingCache)->bool:
     "True while a schedule waits for this layer's hidden-state cosine (the SqueezeAttention paper's signal)."
@@ -495,7 +515,7 @@ def report_hidden(self:EvictingCache, cosine:float):
     co = self.coordinator
     if co is not None and getattr(co, "signal", None) == "hidden_cosine": co.report(self.layer_idx, cosine)
 
-# %% ../nbs/03_cache.ipynb #b0740345
+# %% ../nbs/03_cache.ipynb #2573a7a8
 SCORES = ("key_proxy", "attention", "window")  # the token scores of the preset classes
 
 def policy_for_score(score:str, # one of `SCORES`
