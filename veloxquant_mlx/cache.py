@@ -88,7 +88,7 @@ class EvictingCache(_BaseCache):
         "True before the first token."
         return self.keys is None
 
-# %% ../nbs/03_cache.ipynb #405e6f56
+# %% ../nbs/03_cache.ipynb #f3cca9eb
 @patch
 def _set_budget(self:EvictingCache, budget:int):
     "Validate and adopt `budget` as given (the recent tokens and the observation window must fit beside the sinks)."
@@ -118,6 +118,7 @@ def reset(self:EvictingCache, **budget):
     self.keys = self.values = self.positions = self.scores = None
     self.offset, self.count, self.evicted, self.prompt_done = 0, 0, False, False
     self._attn_pos, self._pending, self._prompt_end, self._obs_q = None, False, False, None
+    self._contiguous, self._own_mask = True, False      # held positions still a contiguous run; attention needs a mask
     self.concentration = self.hidden_cosine = None
     if "budget" in budget:
         b = budget.pop("budget")
@@ -189,6 +190,7 @@ def _update_in_place(self:EvictingCache, keys, values, start:int):
     self.positions[:, :, i:i + 1] = start
     self.scores[:, :, i:i + 1] = 0.0
     self.count += 1
+    self._own_mask = False
     self.scores = self.policy.observe_keys(self.scores, self.keys, self.positions, keys, mx.array([start]), self.window)
     if self.count < self.keys.shape[2]:
         self._attn_pos = self.positions[:, :, :self.count]
@@ -204,17 +206,17 @@ def _update_evict_slot(self:EvictingCache, keys, values, start:int):
         self.keys, self.values, self.positions, self.scores, keys, values, start, self.n_sink, self.window,
         proxy=False, recent=self.recent, rank=None if rank is self.scores else rank)
     self.scores = self.policy.observe_keys(self.scores, self.keys, self.positions, keys, mx.array([start]), self.window)
-    self.evicted = True
+    self.evicted, self._contiguous, self._own_mask = True, False, False
     self._attn_pos = self.positions
     return self.keys, self.values
 
-# %% ../nbs/03_cache.ipynb #4ce79dc6
+# %% ../nbs/03_cache.ipynb #dde5fb2f
 @patch
 def _held(self:EvictingCache, start:int):
-    "The held (keys, values, positions, scores); a waiting windowed layer first drops what `start` cannot see."
+    "The held (keys, values, positions, scores); a windowed `prompt_end` layer first drops what `start` cannot see."
     if self.keys is None: return None
     drop = 0
-    if self.deferring and self.window is not None:       # nothing evicted yet: held positions are contiguous
+    if self.window is not None and self.compress == "prompt_end" and self._contiguous:   # positions start..start-count
         drop = max(0, self.count - (self.window - 1))
         if drop: self.evicted = True
     return tuple(a[:, :, drop:self.count] for a in (self.keys, self.values, self.positions, self.scores))
@@ -229,7 +231,7 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     if held is not None: cand = [mx.concatenate([h, c], axis=2) for h, c in zip(held, cand)]
     cand[3] = self.policy.observe_keys(cand[3], cand[0], cand[2], keys, new_pos, self.window)
     self.keys, self.values, self.positions, self.scores = cand
-    self.count, self._attn_pos = cand[0].shape[2], cand[2]
+    self.count, self._attn_pos, self._own_mask = cand[0].shape[2], cand[2], True
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
     elif self._select_due(): self._select(start + N)
     return cand[0], cand[1]
@@ -253,7 +255,7 @@ def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     take = lambda a: mx.take_along_axis(a[:, :, :self.count], idx[..., None] if a.ndim == 4 else idx, axis=2)
     self.keys, self.values, self.positions, self.scores = take(self.keys), take(self.values), take(self.positions), \
         mx.take_along_axis(s, idx, axis=2)
-    self.count, self.evicted = n, True
+    self.count, self.evicted, self._contiguous = n, True, False
 
 @patch
 def _end_of_prompt(self:EvictingCache, n_tokens:int):
@@ -334,7 +336,7 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
     "mlx-lm's fast attention with this layer's mask (a windowed layer's own, over its kept positions)."
     N = queries.shape[2]
-    if N == 1 or self.window is None: m = None if N == 1 else "causal"
+    if self.window is None or (N == 1 and not self._own_mask): m = None if N == 1 else "causal"
     else:
         m = visible(self._attn_pos, qpos, self.window)                     # [B, H_kv, N, L]
         rep = queries.shape[1] // m.shape[1]
@@ -401,7 +403,7 @@ def _meta(self:EvictingCache)->dict:
     "Everything but the arrays, as a JSON-able dict."
     meta = {f: getattr(self, f) for f in _META_FIELDS}
     meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._recent_asked,
-                slack_asked=self._slack_asked,
+                slack_asked=self._slack_asked, contiguous=self._contiguous,
                 measure=self._measure, info=self.info)
     if self._obs_q is not None: meta.update(obs_qpos=self._obs_q[1].tolist(), obs_scale=self._obs_q[2])
     return meta
@@ -417,7 +419,8 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     self._recent_asked, self._slack_asked = meta["recent_asked"], meta["slack_asked"]
     self._measure, self.info = meta["measure"], meta["info"]
     self.coordinator = None
-    self._attn_pos, self._pending, self._prompt_end = None, False, False
+    self._attn_pos, self._pending, self._prompt_end, self._own_mask = None, False, False, False
+    self._contiguous = meta["contiguous"]
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
     self._check_meta()
 

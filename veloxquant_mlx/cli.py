@@ -10,10 +10,10 @@ import argparse, json, os, re, sys, time
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'METHODS', 'CLIError', 'ByteTokenizer', 'load_cli_model', 'context_length', 'passkey_prompt',
-           'per_token_bytes', 'layer_report', 'RunOptions', 'method_config', 'encode_prompt', 'run_method',
-           'format_report', 'format_compare', 'method_params', 'build_parser', 'read_prompt', 'options_from_args',
-           'main']
+__all__ = ['TINY_ARCHS', 'METHODS', 'DEFAULT_BUDGET', 'CLIError', 'ByteTokenizer', 'load_cli_model', 'context_length',
+           'passkey_prompt', 'per_token_bytes', 'layer_report', 'RunOptions', 'method_config', 'encode_prompt',
+           'run_method', 'format_report', 'format_compare', 'method_params', 'build_parser', 'read_prompt',
+           'options_from_args', 'main']
 
 # %% ../nbs/07_cli.ipynb #f49069b6
 class CLIError(Exception):
@@ -132,20 +132,29 @@ class RunOptions:
     max_tokens:int = 64 # tokens to generate (greedy)
     prefill_step:int = 512 # prefill chunk size
 
-def method_config(method:str, # a registered method
-                  budget:int=128, # average tokens kept per attention layer
+DEFAULT_BUDGET = 128  # tokens per layer when neither --budget nor --kv-fraction is given to a named method
+
+def method_config(method:str, # a registered method, or "auto": the library's recommended configuration
+                  budget:int|None=None, # average tokens kept per attention layer
                   n_sink:int=4, # never-evicted prefix
                   recent:int=0, # newest tokens protected from eviction
                   params:dict|None=None, # the method's own parameters (the CLI options that were given)
-                  compress:str="chunk"): # when layers choose
+                  **shared): # `KVCacheConfig` fields given on the command line (compress, slack, kv_fraction, ...)
     "The `KVCacheConfig` for command-line values, bad input raised as `CLIError`."
-    from veloxquant_mlx.builder import KVCacheConfig
-    if method not in METHODS: raise CLIError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    from veloxquant_mlx.builder import KVCacheConfig, recommended_config
+    shared = {k: v for k, v in shared.items() if v is not None}
+    if method != "auto" and method not in METHODS:
+        raise CLIError(f"unknown method {method!r}; choose from auto, {', '.join(METHODS)}")
     if n_sink < 0: raise CLIError(f"--n-sink must be at least 0, got {n_sink}")
-    if method != "full" and budget < n_sink + 1:
+    if budget is not None and budget < n_sink + 1 and method != "full":
         raise CLIError(f"--budget {budget} is below the sink floor: it must be at least n_sink + 1 = {n_sink + 1}")
-    try: return KVCacheConfig.for_method(method, None if method == "full" else budget, n_sink, n_recent=recent,
-                                         compress=compress, **(params or {}))
+    try:
+        if method == "auto": return recommended_config(shared.pop("kv_fraction", None), budget, n_sink=n_sink,
+                                                       n_recent=recent, **shared, **(params or {}))
+        if budget is None and "kv_fraction" not in shared and method != "full": budget = DEFAULT_BUDGET
+        if "kv_fraction" in shared and method not in ("full", "mlx-rotating"): shared.setdefault("compress", "prompt_end")
+        return KVCacheConfig.for_method(method, None if method == "full" else budget, n_sink, n_recent=recent,
+                                        **shared, **(params or {}))
     except ValueError as e: raise CLIError(str(e)) from None
 
 # %% ../nbs/07_cli.ipynb #6142b57e
@@ -189,7 +198,8 @@ def run_method(model, tokenizer, ids:list, o:RunOptions, on_text=None)->dict:
     held = sum(l["logical_nbytes"] for l in layers)
     co = coordinator_of(caches)
     return dict(text="".join(text), method=cfg.method, label=cfg.label, params=cfg.params,
-                budget=None if cfg.method == "full" else cfg.budget, n_sink=cfg.n_sink, prompt_tokens=len(ids),
+                budget=None if cfg.method == "full" else cfg.budget, kv_fraction=cfg.kv_fraction, n_sink=cfg.n_sink,
+                prompt_tokens=len(ids),
                 generated_tokens=last.generation_tokens, layers=layers, kv_bytes=kv, kv_bytes_held=held,
                 full_kv_bytes=full, ratio=kv / full if full else None, prefill_tps=last.prompt_tps,
                 decode_tps=last.generation_tps if last.generation_tokens > 1 else None,  # one token is no rate
@@ -255,9 +265,20 @@ def _param_help(p)->str:
     return f"{p.help} (default {p.default}; {', '.join(users)})"
 
 def _common(p):
-    p.add_argument("--budget", type=int, default=128, help="average tokens kept per attention layer")
+    p.add_argument("--budget", type=int, default=None,
+                   help=f"average tokens kept per attention layer (default {DEFAULT_BUDGET} for a named method)")
     p.add_argument("--n-sink", type=int, default=4, help="never-evicted prefix tokens")
     p.add_argument("--recent", type=int, default=0, help="newest tokens never evicted (H2O's local window)")
+    p.add_argument("--kv-fraction", type=float, default=None,
+                   help="keep this share of the full cache's token slots, set when the prompt's length is known "
+                        "(instead of --budget)")
+    p.add_argument("--compress", choices=("chunk", "prompt_end"), default=None,
+                   help="when layers choose: after every prefill chunk, or once the whole prompt is read")
+    p.add_argument("--slack", type=int, default=None, help="a choice keeps budget - slack tokens; the next slack evict "
+                   "nothing (the answer being copied)")
+    p.add_argument("--window-budget", type=int, default=None, help="tokens per sliding-window layer (the global "
+                   "layers share the rest)")
+    p.add_argument("--window-method", default=None, help="the method whose policy the sliding-window layers use")
     for q in method_params():
         p.add_argument("--" + q.name.replace("_", "-"), dest=q.name, type=q.type, choices=q.choices, default=None,
                        help=_param_help(q))
@@ -277,7 +298,8 @@ def build_parser()->argparse.ArgumentParser:
                  "TOVA, ChunkKV, StreamingLLM) for mlx-lm generation.")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate with one method and print the cache report")
-    g.add_argument("--method", default="squeeze", choices=METHODS, help="KV-cache method")
+    g.add_argument("--method", default="auto", choices=("auto",) + METHODS,
+                   help="KV-cache method (auto: the best measured configuration, see the README)")
     _common(g)
     c = sub.add_parser("compare", help="run one prompt through several methods side by side")
     c.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
@@ -312,8 +334,11 @@ def options_from_args(args, methods:list)->list:
             dash = "--" + name.replace("_", "-")
             raise CLIError(f"{dash} is not a parameter of {', '.join(methods)}; it belongs to "
                            f"{', '.join(m.name for m in _REGISTRY.values() if name in {q.name for q in m.params})}")
-    def own(m): return {k: v for k, v in given.items() if m in _REGISTRY and k in {q.name for q in _REGISTRY[m].params}}
-    cfg = lambda m: method_config(m, args.budget, args.n_sink, args.recent, own(m))
+    def own(m):
+        if m == "auto": return given                       # the recommended method checks them
+        return {k: v for k, v in given.items() if m in _REGISTRY and k in {q.name for q in _REGISTRY[m].params}}
+    shared = {k: getattr(args, k) for k in ("compress", "slack", "kv_fraction", "window_budget", "window_method")}
+    cfg = lambda m: method_config(m, args.budget, args.n_sink, args.recent, own(m), **shared)
     return [RunOptions(cfg(m), args.max_tokens, args.prefill_step) for m in methods]
 
 def _run(args, out, stdin):
