@@ -36,9 +36,9 @@ def check_structure(run, s):
     for r in rows:
         assert list(r.kinds) == s["context_kinds"]
         assert len(r.kinds["plain"].prefill_s) == s["prefill_repeats"]
-        h = r.kinds["h2o"]
+        h = r.kinds[bench.CONTEXT_KINDS[1]]
         assert h.prefill_ratio_vs_plain > 0 and h.decode_speedup_vs_plain > 0 and h.peak_bytes > 0
-    assert rows[-1].kinds["h2o"].kv_bytes < rows[-1].kinds["plain"].kv_bytes   # eviction holds the budget
+    assert rows[-1].kinds[bench.CONTEXT_KINDS[1]].kv_bytes < rows[-1].kinds["plain"].kv_bytes   # eviction holds the budget
     assert [r.length for r in run.evict_paths] == s["reference_lengths"]
     assert all(r.reference_over_batched > 0 for r in run.evict_paths)
     co = run.coordinator

@@ -20,17 +20,17 @@ import veloxquant_mlx.cache as _cache_mod
 import veloxquant_mlx.builder as _builder_mod
 
 # %% auto #0
-__all__ = ['MODEL_SPECS', 'EXTRA_KINDS', 'FULL', 'QUICK', 'PARTS', 'build_model', 'real_gemma_available', 'head_dim_of',
-           'make_caches', 'tokens_for', 'sync', 'prefill', 'decode_times', 'kv_nbytes', 'overhead_nbytes',
-           'tokens_held', 'med', 'timed', 'decode_kinds', 'KindDecode', 'DecodeRun', 'hold_budget', 'fill_caches',
-           'timed_rounds', 'summarize_kind', 'bench_decode', 'EvictProfile', 'median_ms', 'profile_decode_evict',
-           'KindContext', 'ContextRow', 'ContextSweep', 'timed_prefill', 'decode_rounds_s', 'compare_to_plain',
-           'bench_context', 'bench_contexts', 'EvictPaths', 'evict_batched', 'evict_reference', 'bench_evict_paths',
-           'CoordinatorCost', 'clocked', 'timed_signals', 'concentration_all_keys_s', 'bench_coordinator',
-           'machine_info', 'SpeedRun', 'run_decode_part', 'run_contexts_part', 'run_evict_paths_part',
-           'run_coordinator_part', 'run_all', 'format_decode', 'format_profile', 'format_contexts',
-           'format_evict_paths', 'format_coordinator', 'format_table', 'plot_decode', 'plot_contexts', 'plot_prefill',
-           'plot_results', 'eprint', 'main']
+__all__ = ['MODEL_SPECS', 'EXTRA_KINDS', 'CONTEXT_KINDS', 'FULL', 'QUICK', 'PARTS', 'build_model', 'real_gemma_available',
+           'head_dim_of', 'make_caches', 'tokens_for', 'sync', 'prefill', 'decode_times', 'kv_nbytes',
+           'overhead_nbytes', 'tokens_held', 'med', 'timed', 'decode_kinds', 'KindDecode', 'DecodeRun', 'hold_budget',
+           'fill_caches', 'timed_rounds', 'summarize_kind', 'bench_decode', 'EvictProfile', 'median_ms',
+           'profile_decode_evict', 'KindContext', 'ContextRow', 'ContextSweep', 'timed_prefill', 'decode_rounds_s',
+           'compare_to_plain', 'bench_context', 'bench_contexts', 'EvictPaths', 'evict_batched', 'evict_reference',
+           'bench_evict_paths', 'CoordinatorCost', 'clocked', 'timed_signals', 'concentration_all_keys_s',
+           'bench_coordinator', 'machine_info', 'SpeedRun', 'run_decode_part', 'run_contexts_part',
+           'run_evict_paths_part', 'run_coordinator_part', 'run_all', 'format_decode', 'format_profile',
+           'format_contexts', 'format_evict_paths', 'format_coordinator', 'format_table', 'plot_decode',
+           'plot_contexts', 'plot_prefill', 'plot_results', 'eprint', 'main']
 
 # %% ../nbs/12_speed.ipynb #1a00b39d
 MODEL_SPECS = {
@@ -90,10 +90,13 @@ def sync(out, caches):
 
 # %% ../nbs/12_speed.ipynb #b1e0a017
 def prefill(model, tokens:mx.array, caches, step:int=2048)->mx.array:
-    "Run the prompt through the model in chunks of `step` tokens, syncing after each; the last chunk's logits."
+    "Run the prompt through the model in chunks of `step` tokens, syncing after each, then end it; the last logits."
     for a in range(0, tokens.shape[1], step):
         out = model(tokens[:, a:a + step], cache=caches)
         sync(out, caches)
+    for c in caches:                                    # a layer that waits for the prompt's end chooses now
+        if hasattr(c, "end_prompt"): c.end_prompt()
+    sync(out, caches)
     return out
 
 # %% ../nbs/12_speed.ipynb #b1e0a020
@@ -332,7 +335,9 @@ def compare_to_plain(row:ContextRow)->ContextRow:
     return row
 
 # %% ../nbs/12_speed.ipynb #b3e0a014
-def bench_context(model, length:int, budget:int=512, kinds=("plain", "h2o"), prefill_step:int=2048,
+CONTEXT_KINDS = ("plain", "h2o[compress=chunk]")  # chosen after every chunk: the memory stays bounded during prefill
+
+def bench_context(model, length:int, budget:int=512, kinds=CONTEXT_KINDS, prefill_step:int=2048,
                   prefill_repeats:int=2, decode_steps:int=8, decode_rounds:int=3)->ContextRow:
     "Every kind at one prompt length: `prefill_repeats` timed prefills each, the last one followed by decoding."
     toks = tokens_for(model, length, seed=length)
@@ -348,7 +353,7 @@ def bench_context(model, length:int, budget:int=512, kinds=("plain", "h2o"), pre
     return compare_to_plain(row)
 
 # %% ../nbs/12_speed.ipynb #77837afd
-def bench_contexts(model, lengths=(2048, 8192, 16384), budget:int=512, kinds=("plain", "h2o"), prefill_step:int=2048,
+def bench_contexts(model, lengths=(2048, 8192, 16384), budget:int=512, kinds=CONTEXT_KINDS, prefill_step:int=2048,
                    prefill_repeats:int=2, decode_steps:int=8, decode_rounds:int=3, log=print)->ContextSweep:
     "Prefill seconds, decode tok/s, KV bytes and peak memory per prompt length and cache kind."
     rows = []
@@ -485,7 +490,7 @@ def bench_coordinator(model, length:int=8192, budget:int=512, prefill_step:int=2
 # %% ../nbs/12_speed.ipynb #c0600df0
 FULL = dict(decode_models=["llama16", "gemma3_270m", "gemma3_shape"], decode_budget=512, decode_kinds=None,
             decode_steps=16, decode_rounds=5, context_model="small", context_lengths=[1024, 2048, 4096, 8192, 16384],
-            context_budget=512, context_kinds=["plain", "h2o"], prefill_step=2048, prefill_repeats=2,
+            context_budget=512, context_kinds=list(CONTEXT_KINDS), prefill_step=2048, prefill_repeats=2,
             context_decode_steps=8, context_decode_rounds=3, reference_lengths=[1024], coordinator_length=8192,
             coordinator_repeats=2, coordinator_label="squeeze", profile_reps=50)
 QUICK = {**FULL, **dict(decode_models=["small"], decode_budget=256, decode_steps=8, decode_rounds=3,
