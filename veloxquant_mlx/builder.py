@@ -67,8 +67,8 @@ class KVCacheConfig:
         "The windowed layers' own budget and method, if given, must make sense."
         if self.window_budget is not None: _check_int("window_budget", self.window_budget, self.n_sink + 1)
         wm = self.window_method
-        if wm is not None and (wm not in METHODS or METHODS[wm].baseline or METHODS[wm].preset == "SqueezeAttentionCache"):
-            ok = tuple(m for m, e in METHODS.items() if not e.baseline and e.preset != "SqueezeAttentionCache")
+        ok = tuple(m for m, e in METHODS.items() if not e.baseline and e.preset != "SqueezeAttentionCache")
+        if wm is not None and wm not in ok:
             raise ValueError(f"`window_method` must be one of {ok}, got {wm!r}")
         if (self.window_budget is not None or self.kv_fraction is not None) and not self.entry.baseline \
                 and not isinstance(self.entry.schedule(self.params), Uniform):
@@ -124,8 +124,8 @@ class KVCacheConfig:
         "A short name for tables: the method and its parameters that differ from the defaults."
         defaults = self.entry.resolve({})
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
-        shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None), ("window_budget", None),
-                  ("window_method", None))
+        shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None),
+                  ("window_budget", None), ("window_method", None))
         diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 

@@ -152,7 +152,8 @@ def method_config(method:str, # a registered method, or "auto": the library's re
         if method == "auto": return recommended_config(shared.pop("kv_fraction", None), budget, n_sink=n_sink,
                                                        n_recent=recent, **shared, **(params or {}))
         if budget is None and "kv_fraction" not in shared and method != "full": budget = DEFAULT_BUDGET
-        if "kv_fraction" in shared and method not in ("full", "mlx-rotating"): shared.setdefault("compress", "prompt_end")
+        if "kv_fraction" in shared and method not in ("full", "mlx-rotating"):
+            shared.setdefault("compress", "prompt_end")
         return KVCacheConfig.for_method(method, None if method == "full" else budget, n_sink, n_recent=recent,
                                         **shared, **(params or {}))
     except ValueError as e: raise CLIError(str(e)) from None

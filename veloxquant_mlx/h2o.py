@@ -36,7 +36,7 @@ def eviction_priority(
     window:int|None=None, # sliding-window size, or None for a global layer
     recent:int=0, # the `recent` newest positions before `next_pos` are never evicted either (H2O's local window)
 )->mx.array: # `[B, H, L]`: lower is evicted first
-    "Eviction priority of each stored token: its score; +inf for a live sink or recent token, far below outside the window."
+    "Eviction priority of each stored token: its score; +inf if a live sink or recent, far below if outside the window."
     inf = mx.array(math.inf, mx.float32)
     pri = mx.where(positions < n_sink, inf, scores)
     if window is not None:                      # dead, sinks included: below every live token, the oldest lowest
@@ -244,7 +244,9 @@ def prefill_evict_reference(
     K, V, P, S = rows(keys, as_f32), rows(values, as_f32), rows(positions, np.array), rows(scores, np.array)
     def priority(p_, s_, p):
         dead = lambda pp: window is not None and pp <= p - window
-        pri = lambda pp, ss: np.inf if pp >= p - recent else (-1e30 * (p - pp) if dead(pp) else (np.inf if pp < n_sink else ss))
+        def pri(pp, ss):
+            if pp >= p - recent: return np.inf
+            return -1e30 * (p - pp) if dead(pp) else (np.inf if pp < n_sink else ss)
         return [pri(pp, ss) for pp, ss in zip(p_, s_)]
     for b in range(B):
         for h in range(H):
