@@ -15,11 +15,12 @@ from .builder import KVCacheBuilder, KVCacheConfig
 from .cache import H2OCache
 
 # %% auto #0
-__all__ = ['FULL', 'GRID_METHODS', 'QUICK', 'FULL_RUN', 'MethodSpec', 'shared_prefill', 'batched_forward', 'needle_prompt',
-           'passkey_set', 'lcs', 'first_digits', 'score_answer', 'greedy_answer', 'batched_greedy', 'check_batched',
-           'kv_bytes', 'check_shared_prefill', 'ppl_sequences', 'score_continuation', 'batched_score', 'run_grid',
-           'merge_results', 'combine_runs', 'format_table', 'gap_table', 'markdown_table', 'paired_nll',
-           'squeeze_schedules', 'partial_chance', 'plot_results', 'main']
+__all__ = ['FULL', 'GRID_METHODS', 'QUICK', 'FULL_RUN', 'SUMMARY_ROWS', 'GRID_LABELS', 'MethodSpec', 'shared_prefill',
+           'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits', 'score_answer', 'greedy_answer',
+           'batched_greedy', 'check_batched', 'kv_bytes', 'check_shared_prefill', 'ppl_sequences', 'score_continuation',
+           'batched_score', 'run_grid', 'merge_results', 'combine_runs', 'format_table', 'gap_table', 'markdown_table',
+           'paired_nll', 'squeeze_schedules', 'partial_chance', 'plot_results', 'main', 'load_results',
+           'perplexity_table', 'summary_markdown']
 
 # %% ../nbs/11_quality.ipynb #0c8e1023
 @dataclass(frozen=True)
@@ -578,3 +579,77 @@ def main(argv=None):
     if a.plots: print("\n".join(plot_results(res, a.plots)))
     print(f"wrote {out} ({res['timing']['total_s']:.0f} s)")
     return res
+
+# %% ../nbs/11_quality.ipynb #94c52d76
+SUMMARY_ROWS = {  # grid name -> label, the rows of the headline (README and this notebook)
+    "streaming": "StreamingLLM (mlx-lm `RotatingKVCache`, 4 sinks)",
+    "h2o/key_proxy": "H2O, key-as-query proxy",
+    "h2o/attention": "H2O, real-query attention",
+    "pyramidkv-2.0/attention": "PyramidKV β=2, attention",
+    "squeeze-1.0/key_dispersion/key_proxy": "SqueezeAttention, key dispersion + key proxy",
+    "squeeze-1.0/hidden_cosine/attention": "SqueezeAttention, hidden cosine + attention",
+    "snapkv": "SnapKV",
+}
+GRID_LABELS = {  # grid name -> label, every row of the grid
+    "streaming": "StreamingLLM", "h2o/key_proxy": "H2O, key proxy", "pyramidkv-1.5/key_proxy": "PyramidKV 1.5, key proxy",
+    "pyramidkv-2.0/key_proxy": "PyramidKV 2.0, key proxy", "squeeze-0.5/key_dispersion/key_proxy": "Squeeze 0.5, key dispersion + key proxy",
+    "squeeze-1.0/key_dispersion/key_proxy": "Squeeze 1.0, key dispersion + key proxy", "h2o/attention": "H2O, attention",
+    "pyramidkv-2.0/attention": "PyramidKV 2.0, attention", "squeeze-1.0/hidden_cosine/attention": "Squeeze 1.0, hidden cosine + attention",
+    "snapkv": "SnapKV (window)",
+}
+
+def load_results(path:str="results/quality.json")->dict:
+    "A quality run's JSON, as `main` (or `python scripts/bench_quality.py`) writes it."
+    return json.loads(open(path).read())
+
+def _find(res:dict, task:str, name:str, budget=None):
+    return next((r for r in res["rows"] if r["task"] == task and r["name"] == name and (name == "full" or r["budget"] == budget)), None)
+
+def perplexity_table(res:dict, # a quality run (`load_results`)
+                     labels:dict|None=None, # grid name -> row label, in row order; default `SUMMARY_ROWS`
+                     gap:bool=False # add the share of StreamingLLM's gap to the full cache that each row closes
+                    )->str:
+    "Perplexity increase over the full cache per method (rows) and budget (columns), as a Markdown table."
+    labels, budgets = SUMMARY_ROWS if labels is None else labels, res["settings"]["budgets"]
+    head = "| method | " + " | ".join(str(b) for b in budgets) + " |" + (f" gap to full closed vs StreamingLLM ({' / '.join(map(str, budgets))}) |" if gap else "")
+    lines = [head, "|---|" + "---:|" * len(budgets) + ("---|" if gap else "")]
+    for name, label in labels.items():
+        rows = [_find(res, "perplexity", name, b) for b in budgets]
+        if not any(rows): continue
+        cells = ["-" if r is None else f"+{r['ppl_increase']:.1f}" for r in rows]
+        line = f"| {label} | " + " | ".join(cells) + " |"
+        if gap:
+            st = [_find(res, "perplexity", "streaming", b) for b in budgets]
+            g = ["-" if r is None or s is None else f"{100 * (1 - r['ppl_increase'] / s['ppl_increase']):.0f}%" for r, s in zip(rows, st)]
+            line += " 0 (the baseline) |" if name == "streaming" else f" {' / '.join(g)} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+def summary_markdown(res:dict, # a quality run (`load_results`)
+                     labels:dict|None=None # grid name -> row label; default `SUMMARY_ROWS`
+                    )->str:
+    "The headline of a quality run, in Markdown: KV share, perplexity increase per method and budget, pass-key retrieval."
+    labels, s = SUMMARY_ROWS if labels is None else labels, res["settings"]
+    budgets, pk = s["budgets"], [r for r in res["rows"] if r["task"] == "passkey"]
+    full_pk, full_ppl = _find(res, "passkey", "full"), _find(res, "perplexity", "full")
+    kv = []
+    for b in budgets:
+        at = [r["kv_fraction"] for r in pk if r["budget"] == b]
+        kv.append(f"{100 * sum(at) / len(at):.0f}%" if at else "-")
+    text = [f"**Quality** ({s['model']}; every layer cut to the budget, sliding-window layers included; KV bytes "
+            f"{' / '.join(kv)} of the full cache's at {' / '.join(map(str, budgets))} tokens per layer). Perplexity increase "
+            f"over the full cache ({full_ppl['ppl']:.2f}) when scoring the {s['ppl_tokens']} tokens after a "
+            f"{s['ppl_context']:,}-token prose context through the compressed cache, {full_ppl['samples']} texts:", "",
+            perplexity_table(res, labels), ""]
+    if full_pk:
+        n, toks, depths = full_pk["samples"], [p["tokens"] for p in res["prompts"]], [p["depth"] for p in res["prompts"]]
+        evict = [r for r in pk if r["name"] != "full"]
+        best = max(evict, key=lambda r: (r["accuracy"], r["partial"], r["budget"]))
+        who = f"{labels.get(best['name'], GRID_LABELS.get(best['name'], best['name']))} at {best['budget']} tokens per layer"
+        found = (f"no eviction method retrieves a whole key at these budgets; the most digits right: {who}, partial credit "
+                 f"{best['partial']:.2f} of 1 (a random 5-digit guess scores about {partial_chance():.2f})" if best["accuracy"] == 0 else
+                 f"the best eviction method, {who}, retrieves {round(best['accuracy'] * best['samples'])}/{best['samples']}")
+        text.append(f"**Pass key** ({n} prompts of {min(toks):,}-{max(toks):,} tokens, a 5-digit key at depths "
+                    f"{min(depths):g}-{max(depths):g}): the full cache retrieves {round(full_pk['accuracy'] * n)}/{n}; {found}.")
+    return "\n".join(text).strip()
+
