@@ -245,14 +245,18 @@ def process(path: Path, ctx: Context, links: Links) -> Page:
 
 def build_pages(root: Path, out_dir: Path, log=print) -> list[Page]:
     "Process every notebook into `out_dir/<page>.ipynb`; returns the pages in notebook order."
-    ctx = Context(root)
-    nbs = [ctx.nbs/p if not Path(p).is_absolute() else Path(p) for p in find_notebooks(ctx.nbs)]
-    links = Links(ctx, {p.relative_to(ctx.nbs).as_posix(): page_name(p.relative_to(ctx.nbs)) for p in nbs})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pages = []
-    for p in nbs:
-        page = process(p, ctx, links)
-        nbformat.write(page.nb, out_dir/f'{page.name}.ipynb')
-        pages.append(page)
-        log(f'{p.relative_to(ctx.nbs)} -> {page.name}.html')
+    cwd = os.getcwd()
+    os.chdir(root)   # nbdev finds its settings.ini from the working directory
+    try:
+        ctx = Context(root)
+        nbs = find_notebooks(ctx.nbs)
+        links = Links(ctx, {p.relative_to(ctx.nbs).as_posix(): page_name(p.relative_to(ctx.nbs)) for p in nbs})
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pages = []
+        for p in nbs:
+            page = process(p, ctx, links)
+            nbformat.write(page.nb, out_dir/f'{page.name}.ipynb')
+            pages.append(page)
+            log(f'{p.relative_to(ctx.nbs)} -> {page.name}.html')
+    finally: os.chdir(cwd)
     return pages
