@@ -119,30 +119,50 @@ def test_no_internet_assets_in_files(site):
         bad += [f'{f.name}: {m}' for m in re.findall(r'<link\b[^>]*rel="(?:stylesheet|preload|preconnect|icon)"[^>]*href="(?:https?:)?//[^"]+"', text)]
     assert not bad, 'assets from the internet:\n' + '\n'.join(bad[:20])
 
-def test_every_page_in_chromium(site, browser):
-    "No console error, failed request, broken image, broken link or anchor; search works; widgets render."
+_WIDTH_JS = '''() => {
+    const col = document.querySelector('.md-content__inner').getBoundingClientRect();
+    const out = [];
+    for (const e of document.querySelectorAll('.md-content__inner *')) {
+        const b = e.getBoundingClientRect();
+        if (!b.width || getComputedStyle(e).visibility === 'hidden') continue;
+        if (b.right > col.right + 1) out.push(`${e.tagName}.${e.className} right=${Math.round(b.right)} > ${Math.round(col.right)}: ${(e.innerText || '').slice(0, 60)}`);
+        else if (e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll', 'hidden'].includes(getComputedStyle(e).overflowX))
+            out.push(`${e.tagName}.${e.className} hides ${e.scrollWidth - e.clientWidth}px behind a scroll bar: ${(e.innerText || '').slice(0, 60)}`);
+    }
+    return {width: col.width, out: out.slice(0, 8)}; }'''
+
+@pytest.fixture(scope='module')
+def crawl(site, browser):
+    """Every page read once at 1400 px: what went wrong while loading, its ids, text, links, and (for the pages with
+    wide content) what sticks out of the text column. The tests below judge it."""
     site_dir, base, _ = site
-    pages = pages_of(site_dir)
-    problems, external, ids, links = [], set(), {}, {}
+    res = {'problems': [], 'external': set(), 'pages': {}, 'links': {}}
     current = {'page': None}
-    def note(kind, msg): problems.append(f'[{current["page"]}] {kind}: {msg}')
+    def note(kind, msg): res['problems'].append(f'[{current["page"]}] {kind}: {msg}')
     ctx = browser.new_context(viewport=WIDE, service_workers='block')
-    _block_internet(ctx, external)
+    _block_internet(ctx, res['external'])
     pg = ctx.new_page()
     pg.on('console', lambda m: m.type == 'error' and note('console error', m.text))
     pg.on('pageerror', lambda e: note('uncaught exception', str(e)))
     pg.on('requestfailed', lambda r: urlsplit(r.url).hostname in LOCAL_HOSTS and note('request failed', f'{r.url} {r.failure}'))
     pg.on('response', lambda r: urlsplit(r.url).hostname in LOCAL_HOSTS and not (200 <= r.status < 400) and note(f'HTTP {r.status}', r.url))
-    for rel in pages:
+    for rel in pages_of(site_dir):
         current['page'] = rel
         pg.goto(base + rel, wait_until='networkidle')
         for b in pg.evaluate('() => Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.currentSrc || i.src)'):
             note('image not shown', b)
         n = pg.locator('.vq-widget').count()
         if n and pg.locator('.vq-widget svg, .vq-widget .vq-error').count() < n: note('widget', 'a kernel-free widget did not render')
-        ids[rel] = set(pg.evaluate("() => Array.from(document.querySelectorAll('[id], a[name]')).map(e => e.id || e.getAttribute('name'))"))
-        for href in pg.evaluate('() => Array.from(document.querySelectorAll("a[href]")).map(a => a.href)'):
-            if urlsplit(href).hostname in LOCAL_HOSTS: links.setdefault(href, set()).add(rel)
+        info = pg.evaluate('''() => { const c = {}; document.querySelectorAll('[id]').forEach(e => c[e.id] = (c[e.id] || 0) + 1);
+            const art = document.querySelector('article');
+            return {ids: Array.from(document.querySelectorAll('[id], a[name]')).map(e => e.id || e.getAttribute('name')),
+                    dups: Object.entries(c).filter(([k, n]) => n > 1).map(([k, n]) => `${k} x${n}`),
+                    text: art ? art.innerText : document.body.innerText,
+                    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href)}; }''')
+        info['wide'] = pg.evaluate(_WIDTH_JS) if rel in WIDE_PAGES else None
+        for href in info.pop('links'):
+            if urlsplit(href).hostname in LOCAL_HOSTS: res['links'].setdefault(href, set()).add(rel)
+        res['pages'][rel] = info
         if rel in ('index.html', 'explore_schedules.html'):
             SHOTS.mkdir(parents=True, exist_ok=True)
             pg.screenshot(path=str(SHOTS/rel.replace('.html', '.png')), full_page=True)
@@ -153,7 +173,13 @@ def test_every_page_in_chromium(site, browser):
     try: pg.wait_for_selector('.md-search-result__item', timeout=15000)
     except Exception: note('search', 'no result for "allocators"')
     ctx.close()
-    for href, where in sorted(links.items()):
+    return res
+
+def test_every_page_in_chromium(crawl):
+    "No console error, failed request, broken image, broken link or anchor; search works; widgets render."
+    problems = list(crawl['problems'])
+    ids = {rel: set(p['ids']) for rel, p in crawl['pages'].items()}
+    for href, where in sorted(crawl['links'].items()):
         url, frag = urldefrag(href)
         path = unquote(urlsplit(url).path).lstrip('/') or 'index.html'
         if path.endswith('/'): path += 'index.html'
@@ -164,21 +190,26 @@ def test_every_page_in_chromium(site, browser):
             with urllib.request.urlopen(url, timeout=10) as r: ok = 200 <= r.status < 300
         except urllib.error.HTTPError: ok = False
         if not ok: problems.append(f'[{sorted(where)[0]}] broken link: {href}')
-    assert not external, 'requests to the internet:\n' + '\n'.join(sorted(external))
-    assert not problems, f'{len(problems)} problems on {len(pages)} pages:\n' + '\n'.join(problems[:50])
+    assert not crawl['external'], 'requests to the internet:\n' + '\n'.join(sorted(crawl['external']))
+    assert not problems, f'{len(problems)} problems on {len(ids)} pages:\n' + '\n'.join(problems[:50])
 
-def test_no_reprs_and_no_duplicate_ids(site, page):
+def test_no_reprs_and_no_duplicate_ids(crawl):
     "No memory addresses, no `__call__` docstring, no repr of a descriptor; every id once per page."
-    site_dir, base, _ = site
     problems = []
-    for rel in pages_of(site_dir):
-        page.goto(base + rel, wait_until='domcontentloaded')
-        text = page.evaluate('() => document.querySelector("article").innerText')
+    for rel, p in crawl['pages'].items():
+        text = p['text']
         for bad in ('object at 0x', 'Call self as a function.', '<classmethod(', '<property object', '<function '):
             if bad in text: problems.append(f'{rel}: shows {bad!r} ({text[max(0, text.find(bad) - 80):text.find(bad) + 40]!r})')
-        dup = page.evaluate('''() => { const c = {}; document.querySelectorAll('[id]').forEach(e => c[e.id] = (c[e.id] || 0) + 1);
-                                       return Object.entries(c).filter(([k, n]) => n > 1).map(([k, n]) => `${k} x${n}`); }''')
-        if dup: problems.append(f'{rel}: duplicate ids {dup[:10]}')
+        if p['dups']: problems.append(f'{rel}: duplicate ids {p["dups"][:10]}')
+    assert not problems, '\n'.join(problems)
+
+def test_nothing_wider_than_the_text_column(crawl):
+    "At 1400 px: a text column of at least 800 px, and nothing in it wider than it or hidden behind a scroll bar."
+    problems = []
+    for rel in WIDE_PAGES:
+        r = crawl['pages'][rel]['wide']
+        if r['width'] < 800: problems.append(f'{rel}: the text column is {r["width"]:.0f}px wide at 1400 px')
+        problems += [f'{rel}: {x}' for x in r['out']]
     assert not problems, '\n'.join(problems)
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -254,26 +285,6 @@ def test_inline_math_stays_in_its_paragraph(site, page):
         p.innerText.includes('Reading the example backwards') && p.innerText.includes('the steps are') &&
         p.innerText.includes('gives the list exactly'))''')
     assert ok, 'the PyramidKV worked example does not read as one paragraph'
-
-def test_nothing_wider_than_the_text_column(site, page):
-    _, base, _ = site
-    problems = []
-    for rel in WIDE_PAGES:
-        page.goto(base + rel, wait_until='networkidle')
-        r = page.evaluate('''() => {
-            const col = document.querySelector('.md-content__inner').getBoundingClientRect();
-            const out = [];
-            for (const e of document.querySelectorAll('.md-content__inner *')) {
-                const b = e.getBoundingClientRect();
-                if (!b.width || getComputedStyle(e).visibility === 'hidden') continue;
-                if (b.right > col.right + 1) out.push(`${e.tagName}.${e.className} right=${Math.round(b.right)} > ${Math.round(col.right)}: ${(e.innerText || '').slice(0, 60)}`);
-                else if (e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll', 'hidden'].includes(getComputedStyle(e).overflowX))
-                    out.push(`${e.tagName}.${e.className} hides ${e.scrollWidth - e.clientWidth}px behind a scroll bar: ${(e.innerText || '').slice(0, 60)}`);
-            }
-            return {width: col.width, out: out.slice(0, 8)}; }''')
-        if r['width'] < 800: problems.append(f'{rel}: the text column is {r["width"]:.0f}px wide at 1400 px')
-        problems += [f'{rel}: {x}' for x in r['out']]
-    assert not problems, '\n'.join(problems)
 
 # ----------------------------------------------------------------------------------------------------------------
 # the home page and the quality page

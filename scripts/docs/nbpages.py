@@ -96,6 +96,14 @@ def make_render_docs(ctx: Context, page: str):
 
     class render_docs(Processor):
         def begin(self):
+            # nbdev's add_show_docs inserts the entries of a cell's definitions one by one at the same index, so they
+            # come out in reverse order: put each run of them back in the order of the definitions
+            cells, out, run = self.nb.cells, [], []
+            for c in cells + [None]:
+                if c is not None and c.get('has_sd'): run.append(c); continue
+                out += run[::-1]; run = []
+                if c is not None: out.append(c)
+            self.nb.cells[:] = out
             self.ns = ctx.namespace(_default_exp(self.nb))
             self.shell, self.seen = None, set()
             self.nb_dir = Path(self.nb.path_).parent

@@ -106,7 +106,7 @@ def _fmt_param(p) -> str:
 def _default(d) -> str:
     return getattr(d, '__name__', None) or repr(d) if callable(d) else re.sub(r' at 0x[0-9a-f]+', '', repr(d))
 
-def signature_str(prefix: str, name: str, params, ret, width: int = 88) -> str:
+def signature_str(prefix: str, name: str, params, ret, width: int = 100) -> str:
     "`prefix name(p, ...) -> ret`, one parameter per line when it would be wider than `width`."
     parts, kw_only_marked = [], False
     for i, p in enumerate(params):
@@ -225,8 +225,9 @@ class DocEntry:
         h = f'h{self.level}'
         badge = '' if self.kind in ('function', 'method', 'class') else f' <span class="vq-kind">{self.kind}</span>'
         link = f' <a class="vq-source" href="{html.escape(src)}" target="_blank" rel="noopener">[source]</a>' if src else ''
-        out = [f'<{h} class="vq-doc" id="{html.escape(self.id)}"><code>{html.escape(self.name)}</code>{badge}{link}</{h}>', '',
-               f'```python\n{self.signature()}\n```', '']
+        out = [f'<{h} class="vq-doc" id="{html.escape(self.id)}"><code>{html.escape(self.name)}</code>{badge}{link}</{h}>', '']
+        sig = self.signature()
+        if sig != self.name: out += [f'```python\n{sig}\n```', '']   # a property without annotation: the heading says it all
         doc = own_doc(self.sym, self.owner) if self.kind != 'constant' else ''
         if doc: out += [doc, '']
         if self.kind not in ('property', 'constant'):
