@@ -6,8 +6,9 @@ import pytest
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache, load_prompt_cache, KVCache
-from veloxquant_mlx import (KVCacheConfig, KVCacheBuilder, H2OCache, EvictingCache, METHODS, coordinator_of,
+from veloxquant_mlx import (KVCacheConfig, KVCacheBuilder, H2OCache, EvictingCache, coordinator_of,
                             install_attention_hook, remove_attention_hook)
+from veloxquant_mlx.methods import METHODS
 from veloxquant_mlx.builder import tiny_model, greedy, prompt_logits
 
 PROMPT = mx.random.randint(0, 256, (1, 120), key=mx.random.key(11))

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 import mlx.core as mx
-from veloxquant_mlx import KVCacheConfig, KVCacheBuilder, EvictingCache, METHODS
+from veloxquant_mlx import KVCacheConfig, KVCacheBuilder, EvictingCache
+from veloxquant_mlx.methods import METHODS
 from veloxquant_mlx.builder import tiny_model
 
 def soak(model, cfg, n_steps, seed=0, prompt_len=32, mem_every=500):

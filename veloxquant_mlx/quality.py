@@ -17,14 +17,15 @@ from .methods import METHODS
 
 # %% auto #0
 __all__ = ['FULL', 'VARIANTS', 'GRID', 'FAMILIES', 'QUICK', 'FULL_RUN', 'LEVERS', 'RECOMMENDED_ROW', 'FRACTION_ROWS',
-           'SCHEDULE_ROWS', 'FRACTION_RUN', 'grid_configs', 'make_caches', 'row_fields', 'shared_prefill',
-           'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits', 'score_answer', 'docstring_prose',
-           'PromptFamily', 'family_set', 'greedy_answer', 'batched_greedy', 'kv_bytes', 'prefilled', 'check_batched',
-           'check_shared_prefill', 'ppl_sequences', 'score_continuation', 'batched_score', 'Tally', 'compress_prompt',
-           'perplexity_rows', 'Answers', 'passkey_rows', 'run_grid', 'machine_info', 'attention_windows',
-           'kv_bytes_bf16', 'full_bytes_bf16', 'fraction_config', 'row_name', 'fraction_passkey', 'fraction_perplexity',
-           'run_fraction_grid', 'own_prefill_answers', 'prefill_peak', 'merge_results', 'combine_runs', 'format_table',
-           'gap_table', 'markdown_table', 'paired_nll', 'squeeze_schedules', 'partial_chance', 'plot_results', 'main']
+           'SCHEDULE_ROWS', 'FRACTION_RUN', 'SUMMARY_ROWS', 'GRID_LABELS', 'grid_configs', 'make_caches', 'row_fields',
+           'shared_prefill', 'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits', 'score_answer',
+           'docstring_prose', 'PromptFamily', 'family_set', 'greedy_answer', 'batched_greedy', 'kv_bytes', 'prefilled',
+           'check_batched', 'check_shared_prefill', 'ppl_sequences', 'score_continuation', 'batched_score', 'Tally',
+           'compress_prompt', 'perplexity_rows', 'Answers', 'passkey_rows', 'run_grid', 'machine_info',
+           'attention_windows', 'kv_bytes_bf16', 'full_bytes_bf16', 'fraction_config', 'row_name', 'fraction_passkey',
+           'fraction_perplexity', 'run_fraction_grid', 'own_prefill_answers', 'prefill_peak', 'merge_results',
+           'combine_runs', 'format_table', 'gap_table', 'markdown_table', 'paired_nll', 'squeeze_schedules',
+           'partial_chance', 'plot_results', 'main', 'load_results', 'perplexity_table', 'summary_markdown']
 
 # %% ../nbs/11_quality.ipynb #0c8e1023
 FULL = KVCacheConfig("full")
@@ -413,14 +414,15 @@ def perplexity_rows(model, tokenizer, configs:list, n_texts:int, context:int, sc
                     batched:bool=True, model_name:str="", log=print)->list:
     "One perplexity row per config and one for the full cache: `score_tokens` after a `context`, through the cache."
     windows = _slot_windows(model)
-    tallies = {"full": Tally(), **{c.label: Tally() for c in configs}}
+    keys = ["full"] + [(c.label, c.budget) for c in configs]                # one tally per row and budget
+    tallies = {k: Tally() for k in keys}
     t0, seqs = time.perf_counter(), ppl_sequences(tokenizer, n_texts, context, score_tokens, seed)
     for i, ids in enumerate(seqs):
         caches = prefilled(model, ids[:context], configs)
         compress_prompt(caches[1:])
         scored = batched_score(model, caches, ids, context, chunk, windows) if batched else \
                  [score_continuation(model, c, ids, context, chunk) for c in caches]
-        for name, cs, (nll, n) in zip(tallies, caches, scored): tallies[name].add(nll, n, kv_bytes(cs), kv_bytes(caches[0]))
+        for key, cs, (nll, n) in zip(keys, caches, scored): tallies[key].add(nll, n, kv_bytes(cs), kv_bytes(caches[0]))
         log(f"perplexity sample {i + 1}/{len(seqs)} done at {time.perf_counter() - t0:.0f} s")
     if not seqs: return []
     base = dict(model=model_name, task="perplexity", samples=len(seqs), seed=seed, context_tokens=context,
@@ -430,7 +432,7 @@ def perplexity_rows(model, tokenizer, configs:list, n_texts:int, context:int, sc
         head = dict(**row_fields(cfg), budget=cfg.budget) if cfg is not None else dict(**row_fields(FULL), budget=None)
         return {**base, **head, "kv_fraction": t.kv / t.full_kv, "kv_bytes": t.kv / len(seqs), "ppl": t.ppl,
                 "ppl_increase": t.ppl - full, "ppl_ratio": t.ppl / full, "nll_per_text": t.per_text}
-    return [row(None, tallies["full"])] + [row(c, tallies[c.label]) for c in configs]
+    return [row(None, tallies["full"])] + [row(c, tallies[(c.label, c.budget)]) for c in configs]
 
 # %% ../nbs/11_quality.ipynb #64becd19
 @dataclass
@@ -452,7 +454,8 @@ class Answers:
 def passkey_rows(model, tokenizer, configs:list, prompts:list, max_tokens:int, deadline:float|None=None,
                  batched:bool=True, model_name:str="", seed:int=0, n_planned:int|None=None, log=print)->tuple:
     "Every prompt through the full cache and every config (in rounds, until `deadline`): (rows, prompts used, seconds)."
-    windows, answers, round_s = _slot_windows(model), {"full": Answers(), **{c.label: Answers() for c in configs}}, []
+    keys = ["full"] + [(c.label, c.budget) for c in configs]                # one row per configuration and budget
+    windows, answers, round_s = _slot_windows(model), {k: Answers() for k in keys}, []
     for p in prompts:
         if deadline is not None and round_s and time.perf_counter() + max(round_s) > deadline:
             log(f"time budget: stopping pass key after {len(round_s)} of {len(prompts)} prompts")
@@ -461,7 +464,7 @@ def passkey_rows(model, tokenizer, configs:list, prompts:list, max_tokens:int, d
         caches = prefilled(model, p["ids"][:-1], configs)
         texts = batched_greedy(model, tokenizer, p["ids"][-1], caches, max_tokens, windows) if batched else \
                 [greedy_answer(model, tokenizer, p["ids"][-1], c, max_tokens) for c in caches]
-        for name, cs, text in zip(answers, caches, texts): answers[name].add(text, p["key"], kv_bytes(cs), kv_bytes(caches[0]))
+        for key, cs, text in zip(keys, caches, texts): answers[key].add(text, p["key"], kv_bytes(cs), kv_bytes(caches[0]))
         round_s.append(time.perf_counter() - tr)
         log(f"pass key {len(round_s)}/{len(prompts)} (len {len(p['ids'])}, depth {p['depth']}): full {texts[0]!r} "
             f"[{round_s[-1]:.0f} s]")
@@ -471,7 +474,7 @@ def passkey_rows(model, tokenizer, configs:list, prompts:list, max_tokens:int, d
                 seed=seed, max_tokens=max_tokens, lengths=sorted({len(p["ids"]) for p in used}),
                 depths=sorted({p["depth"] for p in used}))
     rows = [{**base, **row_fields(FULL), "budget": None, **answers["full"].summary()}]
-    rows += [{**base, **row_fields(c), "budget": c.budget, **answers[c.label].summary()} for c in configs]
+    rows += [{**base, **row_fields(c), "budget": c.budget, **answers[(c.label, c.budget)].summary()} for c in configs]
     return rows, used, round_s
 
 def run_grid(model, tokenizer, model_name:str="gemma-3-270m", budgets=(64, 128, 256), n_passkey:int=30,
@@ -896,3 +899,76 @@ def main(argv=None):
     if a.plots: print("\n".join(plot_results(res, a.plots)))
     print(f"wrote {out} ({res['timing']['total_s']:.0f} s)")
     return res
+
+# %% ../nbs/11_quality.ipynb #94c52d76
+SUMMARY_ROWS = {  # grid name -> label, the rows of the headline (README and this notebook)
+    "streaming": "StreamingLLM (mlx-lm `RotatingKVCache`, 4 sinks)",
+    "h2o/key_proxy": "H2O, key-as-query proxy",
+    "h2o/attention": "H2O, real-query attention",
+    "pyramidkv-2.0/attention": "PyramidKV β=2, attention",
+    "squeeze-1.0/key_dispersion/key_proxy": "SqueezeAttention, key dispersion + key proxy",
+    "squeeze-1.0/hidden_cosine/attention": "SqueezeAttention, hidden cosine + attention",
+    "snapkv": "SnapKV",
+}
+GRID_LABELS = {  # grid name -> label, every row of the grid
+    "streaming": "StreamingLLM", "h2o/key_proxy": "H2O, key proxy", "pyramidkv-1.5/key_proxy": "PyramidKV 1.5, key proxy",
+    "pyramidkv-2.0/key_proxy": "PyramidKV 2.0, key proxy", "squeeze-0.5/key_dispersion/key_proxy": "Squeeze 0.5, key dispersion + key proxy",
+    "squeeze-1.0/key_dispersion/key_proxy": "Squeeze 1.0, key dispersion + key proxy", "h2o/attention": "H2O, attention",
+    "pyramidkv-2.0/attention": "PyramidKV 2.0, attention", "squeeze-1.0/hidden_cosine/attention": "Squeeze 1.0, hidden cosine + attention",
+    "snapkv": "SnapKV (window)",
+}
+
+def load_results(path:str="results/quality.json")->dict:
+    "A quality run's JSON, as `main` (or `python scripts/bench_quality.py`) writes it."
+    return json.loads(open(path).read())
+
+def _find(res:dict, task:str, name:str, budget=None):
+    return next((r for r in res["rows"] if r["task"] == task and r["name"] == name and (name == "full" or r["budget"] == budget)), None)
+
+def perplexity_table(res:dict, # a quality run (`load_results`)
+                     labels:dict|None=None, # grid name -> row label, in row order; default `SUMMARY_ROWS`
+                     gap:bool=False # add the share of StreamingLLM's gap to the full cache that each row closes
+                    )->str:
+    "Perplexity increase over the full cache per method (rows) and budget (columns), as a Markdown table."
+    labels, budgets = SUMMARY_ROWS if labels is None else labels, res["settings"]["budgets"]
+    head = "| method | " + " | ".join(str(b) for b in budgets) + " |" + (f" gap to full closed vs StreamingLLM ({' / '.join(map(str, budgets))}) |" if gap else "")
+    lines = [head, "|---|" + "---:|" * len(budgets) + ("---|" if gap else "")]
+    for name, label in labels.items():
+        rows = [_find(res, "perplexity", name, b) for b in budgets]
+        if not any(rows): continue
+        cells = ["-" if r is None else f"+{r['ppl_increase']:.1f}" for r in rows]
+        line = f"| {label} | " + " | ".join(cells) + " |"
+        if gap:
+            st = [_find(res, "perplexity", "streaming", b) for b in budgets]
+            g = ["-" if r is None or s is None else f"{100 * (1 - r['ppl_increase'] / s['ppl_increase']):.0f}%" for r, s in zip(rows, st)]
+            line += " 0 (the baseline) |" if name == "streaming" else f" {' / '.join(g)} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+def summary_markdown(res:dict, # a quality run (`load_results`)
+                     labels:dict|None=None # grid name -> row label; default `SUMMARY_ROWS`
+                    )->str:
+    "The headline of a quality run, in Markdown: KV share, perplexity increase per method and budget, pass-key retrieval."
+    labels, s = SUMMARY_ROWS if labels is None else labels, res["settings"]
+    budgets, pk = s["budgets"], [r for r in res["rows"] if r["task"] == "passkey"]
+    full_pk, full_ppl = _find(res, "passkey", "full"), _find(res, "perplexity", "full")
+    kv = []
+    for b in budgets:
+        at = [r["kv_fraction"] for r in pk if r["budget"] == b]
+        kv.append(f"{100 * sum(at) / len(at):.0f}%" if at else "-")
+    text = [f"**Quality** ({s['model']}; every layer cut to the budget, sliding-window layers included; KV bytes "
+            f"{' / '.join(kv)} of the full cache's at {' / '.join(map(str, budgets))} tokens per layer). Perplexity increase "
+            f"over the full cache ({full_ppl['ppl']:.2f}) when scoring the {s['ppl_tokens']} tokens after a "
+            f"{s['ppl_context']:,}-token prose context through the compressed cache, {full_ppl['samples']} texts:", "",
+            perplexity_table(res, labels), ""]
+    if full_pk:
+        n, toks, depths = full_pk["samples"], [p["tokens"] for p in res["prompts"]], [p["depth"] for p in res["prompts"]]
+        evict = [r for r in pk if r["name"] != "full"]
+        best = max(evict, key=lambda r: (r["accuracy"], r["partial"], r["budget"]))
+        who = f"{labels.get(best['name'], GRID_LABELS.get(best['name'], best['name']))} at {best['budget']} tokens per layer"
+        found = (f"no eviction method retrieves a whole key at these budgets; the most digits right: {who}, partial credit "
+                 f"{best['partial']:.2f} of 1 (a random 5-digit guess scores about {partial_chance():.2f})" if best["accuracy"] == 0 else
+                 f"the best eviction method, {who}, retrieves {round(best['accuracy'] * best['samples'])}/{best['samples']}")
+        text.append(f"**Pass key** ({n} prompts of {min(toks):,}-{max(toks):,} tokens, a 5-digit key at depths "
+                    f"{min(depths):g}-{max(depths):g}): the full cache retrieves {round(full_pk['accuracy'] * n)}/{n}; {found}.")
+    return "\n".join(text).strip()
