@@ -123,7 +123,7 @@ def layer_report(caches, model=None)->list:
 
 # %% ../nbs/07_cli.ipynb #6efe6040
 from .methods import METHODS as _REGISTRY
-METHODS = tuple(_REGISTRY)  # every registered method, baselines included, in registry order
+METHODS = tuple(_REGISTRY)  # the methods registered when the CLI was imported (the parser reads the registry itself)
 
 @dataclass
 class RunOptions:
@@ -143,8 +143,8 @@ def method_config(method:str, # a registered method, or "auto": the library's re
     "The `KVCacheConfig` for command-line values, bad input raised as `CLIError`."
     from veloxquant_mlx.builder import KVCacheConfig, recommended_config
     shared = {k: v for k, v in shared.items() if v is not None}
-    if method != "auto" and method not in METHODS:
-        raise CLIError(f"unknown method {method!r}; choose from auto, {', '.join(METHODS)}")
+    if method != "auto" and method not in _REGISTRY:
+        raise CLIError(f"unknown method {method!r}; choose from auto, {', '.join(_REGISTRY)}")
     if n_sink < 0: raise CLIError(f"--n-sink must be at least 0, got {n_sink}")
     if budget is not None and budget < n_sink + 1 and method != "full":
         raise CLIError(f"--budget {budget} is below the sink floor: it must be at least n_sink + 1 = {n_sink + 1}")
@@ -299,11 +299,11 @@ def build_parser()->argparse.ArgumentParser:
                  "TOVA, ChunkKV, StreamingLLM) for mlx-lm generation.")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate with one method and print the cache report")
-    g.add_argument("--method", default="auto", choices=("auto",) + METHODS,
+    g.add_argument("--method", default="auto", choices=("auto",) + tuple(_REGISTRY),
                    help="KV-cache method (auto: the best measured configuration, see the README)")
     _common(g)
     c = sub.add_parser("compare", help="run one prompt through several methods side by side")
-    c.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
+    c.add_argument("--methods", default=",".join(_REGISTRY), help="comma-separated methods")
     _common(c)
     k = sub.add_parser("passkey", help="print a pass-key retrieval prompt (filler from CPython's pydoc topics)")
     k.add_argument("--tokens", type=int, default=2000, help="prompt length in the model's tokens")

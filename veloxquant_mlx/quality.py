@@ -17,28 +17,33 @@ from .methods import METHODS
 
 # %% auto #0
 __all__ = ['FULL', 'VARIANTS', 'GRID', 'FAMILIES', 'QUICK', 'FULL_RUN', 'LEVERS', 'RECOMMENDED_ROW', 'FRACTION_ROWS',
-           'SCHEDULE_ROWS', 'FRACTION_RUN', 'SUMMARY_ROWS', 'GRID_LABELS', 'grid_configs', 'make_caches', 'row_fields',
-           'shared_prefill', 'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits', 'score_answer',
-           'docstring_prose', 'PromptFamily', 'family_set', 'greedy_answer', 'batched_greedy', 'kv_bytes', 'prefilled',
-           'check_batched', 'check_shared_prefill', 'ppl_sequences', 'score_continuation', 'batched_score', 'Tally',
-           'compress_prompt', 'perplexity_rows', 'Answers', 'passkey_rows', 'run_grid', 'machine_info',
-           'attention_windows', 'kv_bytes_bf16', 'full_bytes_bf16', 'fraction_config', 'row_name', 'fraction_passkey',
-           'fraction_perplexity', 'run_fraction_grid', 'own_prefill_answers', 'prefill_peak', 'merge_results',
-           'combine_runs', 'format_table', 'gap_table', 'markdown_table', 'paired_nll', 'squeeze_schedules',
-           'partial_chance', 'plot_results', 'main', 'load_results', 'perplexity_table', 'summary_markdown']
+           'SCHEDULE_ROWS', 'FRACTION_RUN', 'SUMMARY_ROWS', 'GRID_LABELS', 'grid_rows', 'grid_configs', 'make_caches',
+           'row_fields', 'shared_prefill', 'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits',
+           'score_answer', 'docstring_prose', 'PromptFamily', 'family_set', 'greedy_answer', 'batched_greedy',
+           'kv_bytes', 'prefilled', 'check_batched', 'check_shared_prefill', 'ppl_sequences', 'score_continuation',
+           'batched_score', 'Tally', 'compress_prompt', 'perplexity_rows', 'Answers', 'passkey_rows', 'run_grid',
+           'machine_info', 'attention_windows', 'kv_bytes_bf16', 'full_bytes_bf16', 'fraction_config', 'row_name',
+           'fraction_rows', 'fraction_passkey', 'fraction_perplexity', 'run_fraction_grid', 'own_prefill_answers',
+           'prefill_peak', 'merge_results', 'combine_runs', 'format_table', 'gap_table', 'markdown_table', 'paired_nll',
+           'squeeze_schedules', 'partial_chance', 'plot_results', 'main', 'load_results', 'perplexity_table',
+           'summary_markdown']
 
 # %% ../nbs/11_quality.ipynb #0c8e1023
 FULL = KVCacheConfig("full")
 VARIANTS = [("h2o", dict(score="key_proxy")), ("pyramidkv", dict(score="key_proxy", beta=1.5)),
             ("pyramidkv", dict(score="key_proxy")), ("squeeze", dict(score="key_proxy", signal="key_dispersion",
             strength=0.5)), ("squeeze", dict(score="key_proxy", signal="key_dispersion"))]
-GRID = [(name, {}) for name in METHODS if name != "full"] + VARIANTS  # (method, parameters): one row each
+def grid_rows()->list:
+    "(method, parameters) of every row: each registered method at its defaults, then the variants."
+    return [(name, {}) for name in METHODS if name != "full"] + VARIANTS
+
+GRID = grid_rows()  # the rows when this module was imported
 
 def grid_configs(budget:int, # tokens per layer (the average, for schedules that vary it)
                  names:list|None=None, # keep only rows with these labels (None: all)
                  rows:list|None=None)->list: # (method, params) pairs (default `GRID`)
     "The grid's rows at `budget`, as `KVCacheConfig`s."
-    cfgs = [KVCacheConfig.for_method(m, budget, **p) for m, p in (rows or GRID)]
+    cfgs = [KVCacheConfig.for_method(m, budget, **p) for m, p in (rows or grid_rows())]
     return [c for c in cfgs if names is None or c.label in names]
 
 def make_caches(model, config:KVCacheConfig)->list:
@@ -549,16 +554,6 @@ def full_bytes_bf16(model, n_tokens:int)->int:
 from .builder import RECOMMENDED
 from .coordinator import Uniform as _Uniform
 
-LEVERS = [("chunkkv", dict(chunk=8), {}), ("chunkkv", dict(chunk=16), {}), ("chunkkv", dict(chunk=32), {}),
-          ("snapkv", dict(pool="max"), {}), ("snapkv", dict(kernel=15), {}),
-          ("snapkv", {}, dict(window_budget=32, window_method="streamingllm")),
-          ("chunkkv", dict(chunk=16), dict(window_budget=32, window_method="streamingllm")),
-          ("chunkkv", dict(chunk=16), dict(window_budget=64, window_method="streamingllm")),
-          ("chunkkv", dict(chunk=16), dict(window_budget=32, window_method="streamingllm", n_recent=8)),
-          ("chunkkv", dict(chunk=16), dict(window_budget=32, window_method="streamingllm", compress="chunk"))]
-RECOMMENDED_ROW = (RECOMMENDED["method"], dict(RECOMMENDED["params"]),
-                   {k: v for k, v in RECOMMENDED.items() if k not in ("method", "params")})
-FRACTION_ROWS = [(m, {}, {}) for m in METHODS if m != "full"] + LEVERS + [RECOMMENDED_ROW]
 
 def fraction_config(row:tuple, # (method, params, fields)
                     fraction:float, # share of the full cache's token slots
@@ -577,6 +572,26 @@ def row_name(row:tuple)->str:
     "The row's label: its configuration without the budget."
     method, params, fields = row
     return KVCacheConfig.for_method(method, 64, **params, **fields).label
+
+_REC = dict(window_method="streamingllm")
+LEVERS = [("chunkkv", dict(chunk=8), {}), ("chunkkv", dict(chunk=16), {}), ("chunkkv", dict(chunk=32), {}),  # chunks
+          ("snapkv", dict(pool="max"), {}), ("snapkv", dict(kernel=15), {}),                                # pooling
+          ("snapkv", {}, dict(window_budget=32, **_REC)),                                                   # split
+          ("chunkkv", dict(chunk=16), dict(window_budget=16, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=64, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=48, window_method="chunkkv")),
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, slack=8, **_REC)),                             # decode
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, n_recent=8, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, compress="chunk", **_REC))]                   # timing
+RECOMMENDED_ROW = (RECOMMENDED["method"], dict(RECOMMENDED["params"]),
+                   {k: v for k, v in RECOMMENDED.items() if k not in ("method", "params")})
+def fraction_rows()->list:
+    "Every registered method at its defaults, the levers, and the recommended configuration (once)."
+    rows = [(m, {}, {}) for m in METHODS if m != "full"] + LEVERS
+    return rows + ([RECOMMENDED_ROW] if row_name(RECOMMENDED_ROW) not in {row_name(r) for r in rows} else [])
+
+FRACTION_ROWS = fraction_rows()  # the rows when this module was imported
 
 # %% ../nbs/11_quality.ipynb #b377ae7c
 def fraction_passkey(model, tokenizer, prompts:list, rows:list, fractions:list, max_tokens:int=8,
@@ -620,7 +635,7 @@ def run_fraction_grid(model, tokenizer, plan:dict, families=("pydoc", "landmark"
                       ppl_texts:int=6, ppl_context:int=1536, ppl_tokens:int=256, max_tokens:int=8, seed:int=0,
                       time_budget_s:float|None=None, model_name:str="gemma-3-270m", log=print)->dict:
     "Pass key per family and prompt length at the fractions of `plan` ({n_tokens: (n_prompts, fractions)}); perplexity."
-    rows, t0, out = rows or FRACTION_ROWS, time.perf_counter(), []
+    rows, t0, out = rows or fraction_rows(), time.perf_counter(), []
     deadline = None if time_budget_s is None else t0 + time_budget_s
     for n_tokens, (n_prompts, fractions) in plan.items():
         for fam in families:
@@ -836,7 +851,8 @@ def _main_fraction(a, load_cli_model):
             plan[int(n)] = (int(k), tuple(float(x) for x in fr.split("/")))
     ppl = FRACTION_RUN["ppl_fractions"] if a.ppl_fractions is None else \
         (() if a.ppl_fractions == "none" else tuple(float(x) for x in a.ppl_fractions.split("/")))
-    rows = FRACTION_ROWS if not a.methods else [r for r in FRACTION_ROWS if row_name(r) in a.methods.split(";")]
+    rows = fraction_rows()
+    if a.methods: rows = [r for r in rows if row_name(r) in a.methods.split(";")]
     model, tok = load_cli_model(a.model)
     res = run_fraction_grid(model, tok, plan, tuple(a.families.split(",")), rows, ppl,
                             ppl_texts=a.ppl_samples if a.ppl_samples is not None else 6,
