@@ -150,3 +150,21 @@ def test_every_registered_method_with_room_equals_mlx_lm(method):
     model = tiny_model("gemma3")
     ref = run_generate(model, make_prompt_cache(model), n=20)
     assert run_generate(model, KVCacheBuilder.for_model(model, KVCacheConfig.for_method(method, 256)), n=20) == ref
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_streamingllm_decodes_like_mlx_lm_rotating_cache(arch):
+    """After the same prefill, StreamingLLM (sinks + newest) gives the tokens of mlx-lm's RotatingKVCache(budget, keep).
+
+    Choosing after the prefill's chunk (`compress="chunk"`), the two hold the same tokens at every step. (By default our
+    layer chooses at the prompt's end, *after* the last prompt token has attended over the whole prompt, as a full
+    cache would; from then on the two hold the same tokens too, but that first step's hidden states differ.)"""
+    from veloxquant_mlx.quality import prefilled
+    model, ids = tiny_model(arch), PROMPT[0].tolist()
+    ours, mlx = KVCacheConfig.for_method("streamingllm", 24, compress="chunk"), KVCacheConfig.for_method("mlx-rotating", 24)
+    full, a, b = prefilled(model, ids[:-1], [ours, mlx])           # one prefill (full attention) for both
+    run = lambda caches: [int(t) for (t, _), _ in zip(generate_step(mx.array(ids[-1:]), model, prompt_cache=caches,
+                                                                   max_tokens=40), range(40))]
+    assert run(a) == run(b)
+    for c, r in zip(a, b):                                           # the same tokens held: 4 sinks and the newest
+        assert c.tokens_kept == r.size() == 24
+        assert sorted(c.positions[0, 0].tolist()) == list(range(4)) + list(range(c.offset - 20, c.offset))

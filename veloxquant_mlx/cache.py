@@ -53,7 +53,8 @@ class EvictingCache(_BaseCache):
         self.recent = self._recent_asked = _check_int("recent", recent, 0)
         self.slack = self._slack_asked = _check_int("slack", slack, 0)
         self.method = method or type(self).method or policy.name
-        self.layer_idx, self.coordinator, self._measure = layer_idx, coordinator, measure or coordinator is not None
+        self.layer_idx, self.coordinator = layer_idx, coordinator
+        self._measure = measure or getattr(coordinator, "signal", None) is not None   # a schedule measuring the prompt
         self.info = dict(info or {})
         self.budget = None
         if budget is not None: self._set_budget(budget)
