@@ -540,30 +540,60 @@ def mix(self:KiviStorage, w, values):
 
 # %% ../nbs/03a_storage.ipynb #st000039
 @patch
-def _fill(self:KiviStorage, hole, fk, fv):
-    "Quantize float tokens `fk`, `fv` `[B, H, P or 1, D]` into the prefix slots `hole` `[B, H, P]` marks."
+def _refill_keys(self:KiviStorage, kq, ks, kb, # key groups: [B, H, D, n * G * bits / 32], [B, H, D, n] twice
+                 hole, # [B, H, n * G]: the slots to refill
+                 fk): # float keys `[B, H, n * G or 1, D]` for them
+    "The key groups with the `hole` slots refilled: ranges only widen; a group that lost no member stays as it was."
     G, bits, L = self.group_size, self.bits, 2 ** self.bits - 1
-    kq, ks, kb = self.kp
-    B, H, D, nG = ks.shape
-    P, wg = nG * G, G * bits // 32
-    hm = hole[:, :, None, :]                                                    # [B, H, 1, P]
-    f = mx.broadcast_to(fk.swapaxes(-1, -2).astype(mx.float32), (B, H, D, P))
+    B, H, D, n = ks.shape
+    wg = G * bits // 32
+    hm = hole[:, :, None, :]                                                    # [B, H, 1, n * G]
+    f = mx.broadcast_to(fk.swapaxes(-1, -2).astype(mx.float32), (B, H, D, n * G))
     new = mx.where(hm, f, dequantize_groups(kq, ks, kb, bits, G).astype(mx.float32))
-    hg, fg = hm.reshape(B, H, 1, nG, G), f.reshape(B, H, D, nG, G)
+    hg, fg = hm.reshape(B, H, 1, n, G), f.reshape(B, H, D, n, G)
     lo_old, hi_old = kb.astype(mx.float32), (kb + ks * L).astype(mx.float32)
-    lo = mx.minimum(lo_old, mx.where(hg, fg, math.inf).min(axis=-1))            # ranges only widen
+    lo = mx.minimum(lo_old, mx.where(hg, fg, math.inf).min(axis=-1))
     hi = mx.maximum(hi_old, mx.where(hg, fg, -math.inf).max(axis=-1))
     wider = (lo < lo_old) | (hi > hi_old)
     s_new, b_new = affine_params(lo, hi, bits, ks.dtype)
     ks2, kb2 = mx.where(wider, s_new, ks), mx.where(wider, b_new, kb)
-    dirty = hg.any(axis=-1)                                                     # [B, H, 1, nG]: lost a member
-    words = encode_groups(new, ks2, kb2, bits, G).reshape(B, H, D, nG, wg)
-    kq2 = mx.where(dirty[..., None], words, kq.reshape(B, H, D, nG, wg)).reshape(B, H, D, P * bits // 32)
-    self.kp = (kq2, mx.where(dirty, ks2, ks), mx.where(dirty, kb2, kb))
+    dirty = hg.any(axis=-1)                                                     # [B, H, 1, n]: lost a member
+    words = encode_groups(new, ks2, kb2, bits, G).reshape(B, H, D, n, wg)
+    kq2 = mx.where(dirty[..., None], words, kq.reshape(B, H, D, n, wg)).reshape(kq.shape)
+    return kq2, mx.where(dirty, ks2, ks), mx.where(dirty, kb2, kb)
+
+@patch
+def _fill(self:KiviStorage, hole, fk, fv):
+    "Quantize float tokens `fk`, `fv` `[B, H, P or 1, D]` into the prefix slots `hole` `[B, H, P]` marks."
+    self.kp = self._refill_keys(*self.kp, hole, fk)
     vq, vs, vb = self.vp
-    pv, sv, bv = quantize_groups(mx.broadcast_to(fv, (B, H, P, fv.shape[3])), bits, G)
+    B, H, P, _ = vq.shape
+    pv, sv, bv = quantize_groups(mx.broadcast_to(fv, (B, H, P, fv.shape[3])), self.bits, self.group_size)
     hv = hole[..., None]
     self.vp = (mx.where(hv, pv, vq), mx.where(hv, sv, vs), mx.where(hv, bv, vb))
+
+@patch
+def _fill_one(self:KiviStorage, victim, in_q, fk, fv):
+    "Refill slot `victim` `[B, H]` (rows where `in_q`) with `fk`, `fv` `[B, H, 1, D]`: one key group, one value row."
+    G = self.group_size
+    kq, ks, kb = self.kp
+    B, H, D, nG = ks.shape
+    wg = G * self.bits // 32
+    g = mx.minimum(victim // G, nG - 1)                              # a row without a hole rewrites its group as is
+    i3 = mx.broadcast_to(g.reshape(B, H, 1, 1), (B, H, D, 1))
+    i5 = mx.broadcast_to(g.reshape(B, H, 1, 1, 1), (B, H, D, 1, wg))
+    kq5 = kq.reshape(B, H, D, nG, wg)
+    group = (mx.take_along_axis(kq5, i5, axis=3).reshape(B, H, D, wg), mx.take_along_axis(ks, i3, axis=3),
+             mx.take_along_axis(kb, i3, axis=3))
+    hole = in_q[..., None] & (mx.arange(G) == (victim % G)[..., None])
+    nq, ns, nb = self._refill_keys(*group, hole, fk)
+    self.kp = (mx.put_along_axis(kq5, i5, nq.reshape(B, H, D, 1, wg), axis=3).reshape(kq.shape),
+               mx.put_along_axis(ks, i3, ns, axis=3), mx.put_along_axis(kb, i3, nb, axis=3))
+    slot, keep_old = mx.minimum(victim, self.P - 1).reshape(B, H, 1, 1), ~in_q.reshape(B, H, 1, 1)
+    def row(a, new):
+        at = mx.broadcast_to(slot, new.shape)
+        return mx.put_along_axis(a, at, mx.where(keep_old, mx.take_along_axis(a, at, axis=2), new), axis=2)
+    self.vp = tuple(row(a, n) for a, n in zip(self.vp, quantize_groups(fv, self.bits, G)))
 
 @patch
 def replace(self:KiviStorage, victim, keys, values):
@@ -579,7 +609,7 @@ def replace(self:KiviStorage, victim, keys, values):
     order = slots + (slots >= first).astype(mx.int32)
     order = mx.where(in_q[..., None] & (slots == victim[..., None]), P if r else count, order)
     fk, fv = mx.concatenate([self.kr, keys], axis=2), mx.concatenate([self.vr, values], axis=2)
-    self._fill(in_q[..., None] & (slots[..., :P] == victim[..., None]), fk[:, :, :1], fv[:, :, :1])
+    self._fill_one(victim, in_q, fk[:, :, :1], fv[:, :, :1])
     rel = (order[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(fk, rel, axis=2), mx.take_along_axis(fv, rel, axis=2)
     return order
