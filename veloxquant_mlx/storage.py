@@ -270,19 +270,21 @@ class QuantizedStorage(Storage):
     def _qmm(self, x, packed, scales, biases, transpose:bool):
         "`x` times the packed matrix (one per batch row and KV head, broadcast over the query heads), in float32."
         p, s, b = (a[:, :, None] for a in (packed, scales, biases))
-        return mx.quantized_matmul(x.astype(s.dtype), p, s, b, transpose=transpose, group_size=self.group_size,
-                                   bits=self.bits).astype(mx.float32)
+        if x.dtype != s.dtype: x = x.astype(s.dtype)
+        y = mx.quantized_matmul(x, p, s, b, transpose=transpose, group_size=self.group_size, bits=self.bits)
+        return y if y.dtype == mx.float32 else y.astype(mx.float32)
 
 # %% ../nbs/03a_storage.ipynb #st000028
 @patch
 def _weights(self:QuantizedStorage, queries, keys, key_pos, query_pos, scale, window):
-    "Softmax weights `[B, H, rep, N, L]` of `queries` `[B, Hq, N, D]` over the stored keys, float32."
+    "Softmax weights `[B, H, rep, N, L]` of `queries` `[B, Hq, N, D]` over the stored keys, float32, and the mask."
     B, Hq, N, D = queries.shape
     H = key_pos.shape[1]
     q = queries.astype(mx.float32).reshape(B, H, Hq // H, N, D) * scale
+    logits = self.logits(q, keys)
+    if N == 1 and window is None: return mx.softmax(logits, axis=-1, precise=True), None   # one query sees all held
     ok = visible(key_pos, query_pos, window)[:, :, None]                        # [B, H, 1, N, L]
-    w = mx.softmax(mx.where(ok, self.logits(q, keys), mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
-    return w, ok
+    return mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True), ok
 
 @patch
 def attention_with_mass(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, scale, window=None,
@@ -314,7 +316,7 @@ def query_mass(self:QuantizedStorage, queries, keys, key_pos, query_pos, scale, 
     mass = mx.zeros(key_pos.shape, mx.float32)
     for a in range(0, queries.shape[2], block):
         w, ok = self._weights(queries[:, :, a:a + block], keys, key_pos, query_pos[a:a + block], scale, window)
-        mass = mass + mx.where(ok.any(axis=-1, keepdims=True), w, 0.0).sum(axis=(2, 3))
+        mass = mass + (w if ok is None else mx.where(ok.any(axis=-1, keepdims=True), w, 0.0)).sum(axis=(2, 3))
     return mass
 
 # %% ../nbs/03a_storage.ipynb #st000029
@@ -526,7 +528,7 @@ def view(self:KiviStorage, count:int)->tuple:
 def logits(self:KiviStorage, q, keys):
     "Scaled queries against the per-channel prefix (un-transposed quantized product) and the float residual."
     kq, ks, kb, kr = keys
-    res = q @ kr.astype(mx.float32)[:, :, None].swapaxes(-1, -2)
+    res = q @ (kr if kr.dtype == mx.float32 else kr.astype(mx.float32))[:, :, None].swapaxes(-1, -2)
     if kq is None: return res
     return mx.concatenate([self._qmm(q, kq, ks, kb, transpose=False), res], axis=-1)
 
@@ -535,7 +537,7 @@ def mix(self:KiviStorage, w, values):
     "Weights over the per-token prefix values and the float residual."
     vq, vs, vb, vr = values
     P = 0 if vq is None else vq.shape[2]
-    out = w[..., P:] @ vr.astype(mx.float32)[:, :, None]
+    out = w[..., P:] @ (vr if vr.dtype == mx.float32 else vr.astype(mx.float32))[:, :, None]
     return out if vq is None else out + self._qmm(w[..., :P], vq, vs, vb, transpose=False)
 
 # %% ../nbs/03a_storage.ipynb #st000039
