@@ -9,7 +9,7 @@ import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before MLX)
 import argparse, json, os, statistics, sys, time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from veloxquant_mlx.builder import KVCacheBuilder, KVCacheConfig
+from veloxquant_mlx.builder import KVCacheBuilder, KVCacheConfig, kv_nbytes_bf16
 from veloxquant_mlx.h2o import kept_agreement
 from veloxquant_mlx.methods import keep_all_caches
 from veloxquant_mlx.storage import FloatStorage, GroupStorage, KiviStorage, dequantize_groups
@@ -154,12 +154,22 @@ def agreement(model, tok, context:int, decode:int)->dict:
 def perplexity(model, tok, texts:int, context:int, tokens:int, chunk:int)->dict:
     "The quality harness's perplexity task for quantization alone (every layer), mlx-lm's own rows, SnapKV + KIVI."
     cfgs = [KVCacheConfig.for_method(m, b, **kv) for m, b, kv in PPL_ROWS]
-    rows = Q.perplexity_rows(model, tok, cfgs, texts, context, tokens, chunk, seed=0, model_name="gemma-3-270m",
-                             log=lambda *a: print(*a, flush=True))
+    bf16, kv_bytes = [], Q.kv_bytes                    # the harness counts bytes per row and text: count bf16 too
+    def counting(caches):
+        bf16.append(sum(kv_nbytes_bf16(c) or 0 for c in caches))
+        return kv_bytes(caches)
+    Q.kv_bytes = counting
+    try: rows = Q.perplexity_rows(model, tok, cfgs, texts, context, tokens, chunk, seed=0, model_name="gemma-3-270m",
+                                  log=lambda *a: print(*a, flush=True))
+    finally: Q.kv_bytes = kv_bytes
+    pairs = [bf16[i:i + 2] for i in range(0, len(bf16), 2)]           # (row, full) for every row of every text
+    for j, r in enumerate(rows):
+        mine = pairs[j::len(rows)]
+        r["kv_fraction_bf16"] = sum(a for a, _ in mine) / sum(b for _, b in mine)
     full = rows[0]["ppl"]
     for r in rows:
         print(f"ppl {r['name']:40s} {r['budget'] or '-':>5} {r['ppl']:8.3f} {100 * (r['ppl_ratio'] - 1):+7.2f}% "
-              f"kv {r['kv_fraction']:.3f}", flush=True)
+              f"kv {r['kv_fraction']:.3f} (bf16 {r['kv_fraction_bf16']:.3f})", flush=True)
     get = lambda name: next(r for r in rows if r["name"] == name)
     targets = {"8 bits within +0.5% (group, kivi)": [100 * (get(n)["ppl"] / full - 1) for n in
                                                      ("full[kv_bits=8]", "full[kv_bits=8,kv_scheme=kivi]")],
