@@ -14,16 +14,19 @@ from .coordinator import Uniform, KVFraction, WindowSplit
 from .methods import METHODS, SCORE, SIGNAL
 from .policies import _check_int
 from .allocators import _check_real
+from .storage import make_storage, check_kv_format, bf16_nbytes
 
 # %% auto #0
 __all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'RECOMMENDED', 'KVCacheConfig', 'recommended_config',
            'KVCacheFactory', 'install_hidden_signal_hooks', 'remove_hidden_signal_hooks', 'KVCacheBuilder',
-           'coordinator_of', 'cache_summary', 'tiny_model', 'prompt_logits', 'greedy', 'record_attention']
+           'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits', 'greedy',
+           'record_attention']
 
 # %% ../nbs/05_builder.ipynb #33749bd8
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
-_SHARED = ("n_recent", "compress", "slack", "kv_fraction", "window_budget", "window_method", "head_dim")  # fields
+_SHARED = ("n_recent", "compress", "slack", "kv_fraction", "window_budget", "window_method", "head_dim", "kv_bits",
+           "kv_group_size", "kv_scheme")  # for_method keywords that are fields, not method parameters
 
 @dataclass
 class KVCacheConfig:
@@ -39,6 +42,9 @@ class KVCacheConfig:
     window_method:str|None = None # the method whose policy the sliding-window layers use (None: the same)
     params:dict = field(default_factory=dict) # the method's own parameters; missing ones take their defaults
     head_dim:int|None = None # optional: checked against the model's head_dim
+    kv_bits:int|None = None # bits per stored key/value element: None (the model's dtype), 8, 4 or 2
+    kv_group_size:int = 64 # elements sharing one scale and bias (32, 64 or 128)
+    kv_scheme:str = "group" # "group" (mlx-lm's layout), "kivi" (per-channel keys, residual); "mlx": mlx-lm's cache
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -49,7 +55,8 @@ class KVCacheConfig:
             raise ValueError(f"`compress` must be one of {COMPRESS}, got {self.compress!r}")
         if self.head_dim is not None: _check_int("head_dim", self.head_dim, 1)
         _check_int("n_sink", self.n_sink, 0)
-        if self.method == "full": return
+        self._check_kv()
+        if not self.entry.budgeted: return
         self._check_split()
         if self.kv_fraction is not None: return self._check_fraction()
         if self.budget is None: raise ValueError(f"`budget` is required for method {self.method!r}")
@@ -88,6 +95,22 @@ class KVCacheConfig:
         _check_int("n_recent", self.n_recent, 0)
         if not self.entry.baseline: self.policy
 
+    def _check_kv(self):
+        "The storage format, and whether this method can use it (mlx-lm's caches quantize only group-wise)."
+        mlx = self.kv_scheme == "mlx"
+        if mlx and "mlx" not in self.entry.kv_storage:
+            raise ValueError(f"`kv_scheme`='mlx' (mlx-lm's own QuantizedKVCache, which cannot evict) is for method "
+                             f"'full' only, got method {self.method!r}; its layout is kv_scheme='group'")
+        check_kv_format(self.kv_bits, self.kv_group_size, "group" if mlx else self.kv_scheme, self.head_dim)
+        if self.kv_bits is not None and self.entry.kv_storage == "none":
+            raise ValueError(f"method {self.method!r} keeps mlx-lm's float caches (`kv_bits`={self.kv_bits}): "
+                             "mlx-lm cannot quantize RotatingKVCache; 'streamingllm' is the same policy in this "
+                             "library's cache")
+
+    def storage(self):
+        "A fresh storage for one layer: the model's dtype, or `kv_bits` in `kv_scheme`."
+        return make_storage(self.kv_bits, self.kv_group_size, self.kv_scheme)
+
     def __getattr__(self, name):
         "The method's parameters read as attributes (`config.beta`)."
         params = self.__dict__.get("params")
@@ -125,7 +148,8 @@ class KVCacheConfig:
         defaults = self.entry.resolve({})
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
         shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None),
-                  ("window_budget", None), ("window_method", None))
+                  ("window_budget", None), ("window_method", None), ("kv_bits", None), ("kv_group_size", 64),
+                  ("kv_scheme", "group"))
         diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 
@@ -136,8 +160,9 @@ class KVCacheConfig:
         "The configuration a `label` names (parameters parsed by their declared types)."
         name, _, rest = label.partition("[")
         if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
-        types = {p.name: p.type for p in METHODS[name].params} | {"n_recent": int, "compress": str, "slack": int,
-                 "kv_fraction": float, "window_budget": int, "window_method": str}
+        shared = dict(n_recent=int, compress=str, slack=int, kv_fraction=float, window_budget=int, window_method=str,
+                      kv_bits=int, kv_group_size=int, kv_scheme=str)
+        types = {p.name: p.type for p in METHODS[name].params} | shared
         kwargs = {}
         for part in filter(None, rest.rstrip("]").split(",")):
             k, _, v = part.partition("=")
@@ -153,7 +178,7 @@ class KVCacheConfig:
     def for_method(cls, method:str, # a registered method
                    budget:int|None=None, # average tokens per layer
                    n_sink:int=4, # never-evicted prefix
-                   **kwargs): # `n_recent`, `compress`, `head_dim`, and the method's own parameters
+                   **kwargs): # `n_recent`, `compress`, `slack`, `head_dim`, `kv_*`, and the method's own parameters
         "Short form: `KVCacheConfig.for_method('pyramidkv', 128, beta=2.0)`."
         shared = {k: kwargs.pop(k) for k in _SHARED if k in kwargs}
         return cls(method=method, budget=budget, n_sink=n_sink, params=kwargs, **shared)
@@ -193,7 +218,7 @@ def _layer_args(config:KVCacheConfig, budget:int|None, window:int|None)->dict:
     if policy.needs_queries: install_attention_hook()             # real-query scores arrive through the hook
     method = config.window_method if window is not None and config.window_method else config.method
     return dict(budget=budget, n_sink=s, window=window, policy=policy, recent=r, compress=config.compress, slack=slack,
-                method=method, info={"avg_budget": config.budget, **config.params})
+                method=method, info={"avg_budget": config.budget, **config.params}, storage=config.storage())
 
 def _layer_class(config:KVCacheConfig)->type:
     m = config.entry
@@ -302,6 +327,9 @@ class KVCacheBuilder:
     def for_model(model:nn.Module, # an mlx-lm model
                   config:KVCacheConfig): # the method and its budget
         "The prompt cache to pass as `prompt_cache=` to `mlx_lm.generate` / `stream_generate`."
+        if config.kv_bits is not None:                                # groups along head_dim must divide it
+            scheme = "group" if config.kv_scheme == "mlx" else config.kv_scheme
+            check_kv_format(config.kv_bits, config.kv_group_size, scheme, _model_head_dim(model))
         if config.entry.baseline: return config.entry.build(model, config)
         base = _base_caches(model)
         slots = _attention_slots(base)
@@ -346,8 +374,16 @@ def cache_summary(caches)->list:
                          budget=getattr(c, "layer_budget", None), tokens_kept=kept, offset=getattr(c, "offset", None),
                          concentration=getattr(c, "concentration", None),
                          hidden_cosine=getattr(c, "hidden_cosine", None),
-                         window=getattr(c, "window", getattr(c, "max_size", None)), nbytes=nb))
+                         window=getattr(c, "window", getattr(c, "max_size", None)), nbytes=nb,
+                         nbytes_bf16=kv_nbytes_bf16(c) if nb is not None else None))
     return rows
+
+def kv_nbytes_bf16(cache)->int|None:
+    "KV bytes of any cache as held on Apple silicon: floating arrays at 2 bytes per element, packed integers as is."
+    nb = getattr(cache, "nbytes_bf16", None)
+    if nb is not None: return nb
+    if not hasattr(cache, "keys"): return None
+    return bf16_nbytes((cache.keys, cache.values))
 
 # %% ../nbs/05_builder.ipynb #2a7d99bc
 def tiny_model(arch:str="llama", # "llama", "qwen3" or "gemma3"
