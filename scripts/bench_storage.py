@@ -87,10 +87,10 @@ def decode_rows(model):
     "(name, caches) of the decode comparison: the float caches, quantization alone, and SnapKV at 256 float vs KIVI."
     full = KVCacheConfig("full")
     rows = [("full (mlx-lm float32)", make_prompt_cache(model)), ("full (ours, float32)", keep_all_caches(model, full))]
-    for label in ("full[kv_bits=4]", "full[kv_bits=4,kv_scheme=kivi]", "full[kv_bits=8,kv_scheme=kivi]",
+    for label in ("full[kv_bits=4,kv_scheme=group]", "full[kv_bits=4]", "full[kv_bits=8]",
                   "full[kv_bits=4,kv_scheme=mlx]"):
         rows.append((label, KVCacheBuilder.for_model(model, KVCacheConfig.from_label(label))))
-    for label in ("snapkv", "snapkv[kv_bits=4,kv_scheme=kivi]"):
+    for label in ("snapkv", "snapkv[kv_bits=4]"):
         rows.append((label + " @256", KVCacheBuilder.for_model(model, KVCacheConfig.from_label(label, 256))))
     return rows
 
@@ -117,8 +117,8 @@ def decode_speed(model, tok, context:int, rounds:int, steps:int)->dict:
     res = {n: dict(median_s=med(t), ratio_vs_ours_float=med([a / b for a, b in zip(t, base)]),
                    ratio_vs_mlx_float=med([a / b for a, b in zip(t, mlx_base)]), rounds_s=t, tokens_held=held[n])
            for n, t in times.items()}
-    res["snapkv[kv_bits=4,kv_scheme=kivi] @256"]["ratio_vs_float_snapkv"] = \
-        med([a / b for a, b in zip(times["snapkv[kv_bits=4,kv_scheme=kivi] @256"], snap)])
+    res["snapkv[kv_bits=4] @256"]["ratio_vs_float_snapkv"] = \
+        med([a / b for a, b in zip(times["snapkv[kv_bits=4] @256"], snap)])
     for n, d in res.items():
         print(f"decode {n:40s} {1e3 * d['median_s']:7.1f} ms/step  x{d['ratio_vs_ours_float']:.3f} vs our float32, "
               f"x{d['ratio_vs_mlx_float']:.3f} vs mlx-lm float32", flush=True)
@@ -132,8 +132,8 @@ def agreement(model, tok, context:int, decode:int)->dict:
     out, windows = {}, Q._slot_windows(model)
     for method, budget in AGREE_ROWS:
         cfgs = [KVCacheConfig.for_method(method, budget, **kv) for kv in
-                ({}, dict(kv_bits=8, kv_scheme="kivi"), dict(kv_bits=4, kv_scheme="kivi"), dict(kv_bits=4),
-                 dict(kv_bits=2, kv_scheme="kivi"))]
+                ({}, dict(kv_bits=8, kv_scheme="kivi"), dict(kv_bits=4, kv_scheme="kivi"),
+                 dict(kv_bits=4, kv_scheme="group"), dict(kv_bits=2, kv_scheme="kivi"))]
         sets = Q.prefilled(model, ids[:context], cfgs)[1:]
         Q.compress_prompt(sets)                      # SnapKV chooses at the prompt's end; the others chose already
         share = lambda cs: [kept_agreement(a.positions[:, :, :a.count], b.positions[:, :, :b.count])
@@ -172,8 +172,8 @@ def perplexity(model, tok, texts:int, context:int, tokens:int, chunk:int)->dict:
               f"kv {r['kv_fraction']:.3f} (bf16 {r['kv_fraction_bf16']:.3f})", flush=True)
     get = lambda name: next(r for r in rows if r["name"] == name)
     targets = {"8 bits within +0.5% (group, kivi)": [100 * (get(n)["ppl"] / full - 1) for n in
-                                                     ("full[kv_bits=8]", "full[kv_bits=8,kv_scheme=kivi]")],
-               "KIVI 4 bits within +3%": 100 * (get("full[kv_bits=4,kv_scheme=kivi]")["ppl"] / full - 1)}
+                                                     ("full[kv_bits=8,kv_scheme=group]", "full[kv_bits=8]")],
+               "KIVI 4 bits within +3%": 100 * (get("full[kv_bits=4]")["ppl"] / full - 1)}
     return dict(texts=texts, context=context, scored_tokens=tokens, chunk=chunk, rows=rows, targets_pct=targets)
 
 def main(argv=None):

@@ -295,53 +295,31 @@ def _tables(page):
         Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.innerText.trim())))''')
 
 def test_home_quality_figures_equal_the_quality_page(site, page):
-    from veloxquant_mlx.quality import SUMMARY_ROWS
+    "The home page's results table and headline are the quality page's, row for row (one function, one JSON)."
     _, base, _ = site
     page.goto(base + 'index.html', wait_until='domcontentloaded')
     home_text, home_tables = page.evaluate('() => document.querySelector("article").innerText'), _tables(page)
     links_quality = page.locator('article a[href="quality.html"]').count()
     page.goto(base + 'quality.html', wait_until='domcontentloaded')
     q_text, q_tables = page.evaluate('() => document.querySelector("article").innerText'), _tables(page)
-    # the quality page's full results table: method | budget | KV frac | pass-key acc | partial | ppl | ppl increase | ...
-    grid = next(t for t in q_tables if t[0][:2] == ['method', 'budget'])
-    col = {h: i for i, h in enumerate(grid[0])}
-    rows = {(r[0], r[1]): r for r in grid[1:]}
-    # pass key: "the full cache retrieves/gets k/n" on the home page = the quality page's full row and prompt count
-    m = re.search(r'full cache (?:retrieves|gets) (\d+)/(\d+)', home_text)
-    assert m, 'the home page does not say how many keys the full cache retrieves'
-    n_q = int(re.search(r'pass key: (\d+) prompts per setting', q_text).group(1))
-    acc = float(rows[('full', '-')][col['pass-key acc']])
-    assert int(m.group(2)) == n_q and abs(int(m.group(1)) / int(m.group(2)) - acc) < 0.006, \
-        f'home page: {m.group(0)}; quality page: {n_q} prompts, full-cache accuracy {acc}'
-    # perplexity: the headline table's every number = the quality page's per-method increase
-    head = next((t for t in home_tables if t[0][0] == 'method' and all(re.fullmatch(r'\d+', h) for h in t[0][1:])), None)
-    assert head, 'no perplexity table (method | budgets) on the home page'
-    budgets = head[0][1:]
-    label2name = {re.sub(r'`', '', v): k for k, v in SUMMARY_ROWS.items()}
-    compared = 0
+    head = next((t for t in home_tables if t[0][0] == 'row' and any('@' in h for h in t[0][1:])), None)
+    assert head, 'no results table (row | length @ share ...) on the home page'
+    full = next((t for t in q_tables if t[0] == head[0]), None)
+    assert full, 'the quality page has no results table with the same columns as the home page'
+    qrows = {r[0]: r for r in full[1:]}
     for r in head[1:]:
-        name = label2name.get(r[0])
-        assert name, f'home page row {r[0]!r} is not a method of the grid'
-        for b, cell in zip(budgets, r[1:]):
-            q = float(rows[(name, b)][col['ppl increase']])
-            assert abs(float(cell) - q) <= 0.051, f'{r[0]} at {b}: home {cell}, quality page {q}'
-            compared += 1
-    assert compared >= 12
-    # KV share per budget
-    kv = re.search(r'KV bytes ([\d% /]+) of the full', home_text)
-    assert kv, 'the home page does not give the KV share'
-    for b, pct in zip(budgets, re.findall(r'(\d+)%', kv.group(1))):
-        fr = [float(r[col['KV frac']]) for (nm, bb), r in rows.items() if bb == b and nm != 'full']
-        assert abs(int(pct) - 100 * sum(fr) / len(fr)) < 0.51, f'KV share at {b}: home {pct}%, quality page {fr}'
-    # the same headline block (same function, same JSON) on both pages
-    hb = next((t for t in q_tables if t[0] == head[0]), None)
-    assert hb == head, 'the headline tables of the home and quality pages differ'
+        assert r[0] in qrows, f'home page row {r[0]!r} is not a row of the quality page'
+        assert r == qrows[r[0]], f'{r[0]}: home {r}, quality page {qrows[r[0]]}'
+    assert len(head) >= 5, 'the home page shows too few rows'
+    m = re.search(r'it retrieves (\d+)/(\d+) of the keys', home_text)
+    assert m and m.group(0) in q_text, 'the headline sentence of the home page is not on the quality page'
     assert links_quality, 'the home page does not link the quality page'
 
 def test_readme_and_index_show_the_current_results():
-    "README.md and the saved output of nbs/index.ipynb carry what `summary_markdown` makes of the results JSON now."
-    from veloxquant_mlx.quality import load_results, summary_markdown
-    want = summary_markdown(load_results(str(ROOT/'nbs'/'results'/'quality.json')))
+    "README.md and the saved output of nbs/index.ipynb carry what the quality functions make of the results JSON now."
+    from veloxquant_mlx.quality import load_fraction_results, fraction_headline, fraction_table, HEADLINE_ROWS, FRACTION_RESULTS
+    res = load_fraction_results(*[str(ROOT/'nbs'/p) for p in FRACTION_RESULTS])
+    want = fraction_headline(res, HEADLINE_ROWS[0]) + "\n\n" + fraction_table(res, HEADLINE_ROWS)
     fix = 'run `python scripts/run_nb.py nbs/index.ipynb && python scripts/render_readme.py`'
     assert want in (ROOT/'README.md').read_text(), f'README.md does not show the current quality results: {fix}'
     nb = json.loads((ROOT/'nbs'/'index.ipynb').read_text())

@@ -7,7 +7,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "veloxquant_mlx"
 MODULES = sorted(p for p in PKG.glob("*.py") if p.name != "_modidx.py")
-PENDING = {"quality.py"}  # notebook 11 is being restructured (one function per cell): not yet clean
+PENDING = set()  # every module clean
 MODULES = [pytest.param(p, marks=pytest.mark.xfail(reason="restructure in progress")) if p.name in PENDING else p
            for p in MODULES]
 

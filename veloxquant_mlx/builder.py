@@ -44,7 +44,7 @@ class KVCacheConfig:
     head_dim:int|None = None # optional: checked against the model's head_dim
     kv_bits:int|None = None # bits per stored key/value element: None (the model's dtype), 8, 4 or 2
     kv_group_size:int = 64 # elements sharing one scale and bias (32, 64 or 128)
-    kv_scheme:str = "group" # "group" (mlx-lm's layout), "kivi" (per-channel keys, residual); "mlx": mlx-lm's cache
+    kv_scheme:str = "kivi" # "kivi" (per-channel keys, residual), "group" (mlx-lm's layout); "mlx": mlx-lm's cache
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -68,7 +68,9 @@ class KVCacheConfig:
         if self.entry.baseline: return
         self.schedule                                                           # validates the schedule's parameters
         policy = self.policy if "obs_window" in given else self.policy.fitted(self.budget, self.n_sink)  # defaults fit
-        EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent, slack=self.slack)  # validates
+        _check_int("slack", self.slack, 0, self.budget - self.n_sink - 1)
+        slack = max(0, min(self.slack, self.budget - self.n_sink - max(self.n_recent + 1, policy.obs_window)))  # fits
+        EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent, slack=slack)       # validates
 
     def _check_split(self):
         "The windowed layers' own budget and method, if given, must make sense."
@@ -149,7 +151,7 @@ class KVCacheConfig:
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
         shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None),
                   ("window_budget", None), ("window_method", None), ("kv_bits", None), ("kv_group_size", 64),
-                  ("kv_scheme", "group"))
+                  ("kv_scheme", "kivi"))
         diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 

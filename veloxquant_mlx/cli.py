@@ -158,6 +158,7 @@ def method_config(method:str, # a registered method, or "auto": the library's re
         raise CLIError(f"unknown method {method!r}; choose from auto, {', '.join(_REGISTRY)}")
     if n_sink < 0: raise CLIError(f"--n-sink must be at least 0, got {n_sink}")
     budgeted = method == "auto" or _REGISTRY[method].budgeted
+    if not budgeted: shared.pop("kv_fraction", None)   # a method that keeps every token (compare runs it beside others)
     if budget is not None and budget < n_sink + 1 and budgeted:
         raise CLIError(f"--budget {budget} is below the sink floor: it must be at least n_sink + 1 = {n_sink + 1}")
     try:
@@ -302,8 +303,8 @@ def _common(p):
     p.add_argument("--kv-bits", type=int, default=None, help="store kept keys and values at 8, 4 or 2 bits (default: "
                    "the model's dtype); on 'full': every token kept, quantized on every layer")
     p.add_argument("--kv-group-size", type=int, default=None, help="elements per scale and bias: 32, 64 or 128")
-    p.add_argument("--kv-scheme", default=None, help="'group' (mlx-lm's layout: per-token groups along head_dim), "
-                   "'kivi' (keys per channel, values per token, the newest tokens in full precision), or with "
+    p.add_argument("--kv-scheme", default=None, help="'kivi' (the default: keys per channel, values per token, the newest tokens in full "
+                   "precision), 'group' (mlx-lm's layout: per-token groups along head_dim), or with "
                    "--method full 'mlx' (mlx-lm's own QuantizedKVCache: global layers only)")
     for q in method_params():
         p.add_argument("--" + q.name.replace("_", "-"), dest=q.name, type=q.type, choices=q.choices, default=None,
