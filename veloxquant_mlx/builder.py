@@ -214,7 +214,8 @@ def install_hidden_signal_hooks(model, layer_ids=None):
                         blk, h = c._hidden_in
                         c._hidden_in = None
                         r = blk.post_attention_layernorm(out) if hasattr(blk, "pre_feedforward_layernorm") else out
-                        c.report_hidden(_hidden_cosine(h, r))
+                        if hasattr(c, "report_hidden_rows"): c.report_hidden_rows(h, r, _hidden_cosine)  # a batch
+                        else: c.report_hidden(_hidden_cosine(h, r))
                     return out
             cls._veloxquant_orig_call = orig
             cls.__call__ = call

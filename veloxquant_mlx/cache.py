@@ -334,8 +334,8 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
     "mlx-lm's fast attention with this layer's mask (a windowed layer's own, over its kept positions)."
     N = queries.shape[2]
-    if N == 1 or self.window is None: m = None if N == 1 else "causal"
-    else:
+    if self.window is None: m = None if N == 1 else "causal"
+    else:                                                      # one token too: a held token may have left the window
         m = visible(self._attn_pos, qpos, self.window)                     # [B, H_kv, N, L]
         rep = queries.shape[1] // m.shape[1]
         if rep > 1: m = mx.repeat(m, rep, axis=1)
@@ -495,10 +495,9 @@ def trim(self:EvictingCache, n:int)->int:
 
 @patch(cls_method=True)
 def merge(cls:EvictingCache, caches):
-    "Batch merging (mlx-lm's batch server) is refused: a batch cache would silently drop the eviction policy."
-    raise TypeError(f"{cls.__name__} cannot be merged into a batch cache: mlx-lm's batch generation would replace it "
-                    "with a plain cache and drop eviction. Generate one prompt at a time (a batch of B rows in one "
-                    "call is supported).")
+    "mlx-lm's batch of one-sequence layers: a `BatchEvictingCache` (notebook 03b) whose rows keep their own policy."
+    from veloxquant_mlx.batch import BatchEvictingCache    # imported here: the batch module builds on this one
+    return BatchEvictingCache.merge(caches)
 
 # %% ../nbs/03_cache.ipynb #0325a391
 @patch(as_prop=True)
