@@ -397,7 +397,8 @@ def filter(self:BatchEvictingCache, batch_indices): # the rows to keep, in order
     "Keep only the rows `batch_indices` (finished requests leave)."
     idx = [int(i) for i in batch_indices]
     self.rows = [self.rows[i] for i in idx]
-    if self._packed is None or not idx: return
+    if not idx: self._packed = self._obs = None
+    if self._packed is None: return
     ia = mx.array(idx, mx.int32)
     self._packed = tuple(a[ia] for a in self._packed)
     if self._obs is not None:
@@ -418,6 +419,9 @@ def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer o
     if self._todo is not None or other._todo is not None:
         raise RuntimeError("extend() joins batches between passes, not while a padded prompt chunk is being read")
     if not other.rows: return
+    if not self.rows:
+        self.rows, self._packed, self._obs = list(other.rows), other._packed, other._obs
+        return
     if self._packed is not None and other._packed is not None and self._alike(other):
         L = max(self._packed[0].shape[2], other._packed[0].shape[2])
         a, b = self._pad_to(self._packed, L), other._pad_to(other._packed, L)
