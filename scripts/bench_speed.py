@@ -1,5 +1,8 @@
 #!/usr/bin/env python
-"""Speed and memory benchmarks of veloxquant_mlx's caches: `python scripts/bench_speed.py [--quick] [--out nbs/results/speed.json]`.
+"""Speed and memory benchmarks of veloxquant_mlx's caches.
+
+`python scripts/bench_speed.py [--quick] [--parts decode,contexts,evict_paths,coordinator] [--set KEY=JSON]
+[--out nbs/results/speed.json] [--images nbs/images]`
 
 A thin wrapper around `veloxquant_mlx.bench.main` (see nbs/12_speed.ipynb)."""
 from veloxquant_mlx.blas import preload_openblas

@@ -3,7 +3,8 @@ import math, pytest
 from hypothesis import given, settings, assume, strategies as st, HealthCheck
 from veloxquant_mlx.allocators import allocate_exact, pyramid_budgets, squeeze_budgets
 
-FAST = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=2000, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
 
 def caps_for(draw, n_layers, floor, avg):
     "`None`, or per-layer caps (some `None`) between the floor and well above the average."
@@ -90,7 +91,7 @@ def test_allocate_exact_properties(weights, floor, extra, data):
     if caps is None and weights and sum(weights) > 0 and floor == 0:
         for w, b in zip(weights, budgets): assert abs(b - total * w / sum(weights)) < 1 + 1e-9
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.integers(1, 100), min_size=1, max_size=20), st.integers(1, 10), st.data())
 def test_allocate_exact_proportional_when_divisible(weights, scale, data):
     "Integer weights whose shares are whole numbers come back exactly scaled."

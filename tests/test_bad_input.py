@@ -9,7 +9,8 @@ import pytest
 import mlx.core as mx
 from mlx_lm.models.cache import save_prompt_cache, load_prompt_cache, KVCache, ArraysCache
 from veloxquant_mlx import (H2OCache, PyramidKVCache, SnapKVCache, SqueezeAttentionCache, SqueezeCoordinator,
-                            KVCacheConfig, KVCacheBuilder, KVCacheFactory, EvictingCache, METHODS)
+                            KVCacheConfig, KVCacheBuilder, KVCacheFactory, EvictingCache)
+from veloxquant_mlx.methods import METHODS
 from veloxquant_mlx.h2o import check_kv
 from veloxquant_mlx.builder import tiny_model, prompt_logits
 

@@ -1,6 +1,7 @@
 """Eviction caches in mlx-lm's batch generation (notebook 03b): every row of a batch gives the tokens the same prompt
 gives alone with the same method and budget (greedy), with rows of different lengths (right padding), requests joining
-mid-run and rows leaving; every live layer keeps each row within its budget, with distinct real positions and no
+mid-run and rows leaving (every registered method, chunk and prompt_end compression, slack, kv_fraction, quantized
+storage); every live layer keeps each row within its budget, with distinct real positions and no
 padding; the vectorised decoding step equals the row-by-row reference; an extracted row saves, loads and resumes as the
 row alone would. Tiny random Llama and Gemma 3 models (sliding windows of 16)."""
 import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before mlx on Linux)
@@ -21,8 +22,10 @@ CONFIGS = {
     "h2o": dict(method="h2o"), "h2o-proxy": dict(method="h2o", score="key_proxy"), "snapkv": dict(method="snapkv"),
     "squeeze": dict(method="squeeze"), "squeeze-keys": dict(method="squeeze", signal="key_dispersion"),
     "streamingllm": dict(method="streamingllm"), "tova": dict(method="tova"), "chunkkv": dict(method="chunkkv"),
-    "pyramidkv": dict(method="pyramidkv"), "h2o-end": dict(method="h2o", compress="prompt_end"),
-    "snapkv-end": dict(method="snapkv", compress="prompt_end"), "squeeze-end": dict(method="squeeze", compress="prompt_end"),
+    "pyramidkv": dict(method="pyramidkv"), "h2o-chunk": dict(method="h2o", compress="chunk"),
+    "snapkv-chunk": dict(method="snapkv", compress="chunk"), "squeeze-chunk": dict(method="squeeze", compress="chunk"),
+    "tova-chunk": dict(method="tova", compress="chunk"), "h2o-slack": dict(method="h2o", slack=4),
+    "streamingllm-slack": dict(method="streamingllm", slack=3), "h2o-fraction": dict(method="h2o", kv_fraction=0.5),
 }
 MODELS = {}
 
@@ -32,7 +35,7 @@ def model_for(arch):
 
 def config(name, budget=BUDGET):
     kw = dict(CONFIGS[name])
-    return KVCacheConfig.for_method(kw.pop("method"), budget, **kw)
+    return KVCacheConfig.for_method(kw.pop("method"), None if "kv_fraction" in kw else budget, **kw)
 
 def live_kept(layer):
     "A one-sequence layer's kept positions the next query can see, sorted per head."
@@ -47,7 +50,8 @@ def check_live(gen):
         assert isinstance(c, BatchEvictingCache)
         check_batch_layer(c)
 
-CASES = [("gemma3", n) for n in CONFIGS] + [("llama", n) for n in ("h2o", "squeeze", "tova", "snapkv-end")]
+CASES = [("gemma3", n) for n in CONFIGS] + [("llama", n) for n in ("h2o", "squeeze", "tova", "snapkv-chunk",
+                                                                     "h2o-fraction")]
 
 @pytest.mark.parametrize("arch,name", CASES)
 def test_rows_equal_alone_with_a_late_joiner(arch, name):
@@ -74,6 +78,23 @@ def test_vectorised_step_equals_row_by_row(arch, name, monkeypatch):
     (t1, c1), (t2, c2) = runs
     assert t1 == t2
     for a, b in zip(c1, c2): assert [live_kept(x) for x in a] == [live_kept(x) for x in b]
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+@pytest.mark.parametrize("name,kw", [("h2o", dict(kv_bits=8)), ("tova", dict(kv_bits=4)),
+                                     ("snapkv", dict(kv_bits=4, kv_scheme="kivi"))])
+def test_quantized_rows_equal_alone(arch, name, kw):
+    "Quantized storage decodes row by row (not vectorised): each row still gives what it gives alone."
+    key = ("q", arch)
+    if key not in MODELS: MODELS[key] = tiny_model(arch, n_layers=3, head_dim=64)
+    model, cfg = MODELS[key], KVCacheConfig.for_method(name, BUDGET, **kw)
+    alone_caches = [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS]
+    alone = [greedy_alone(model, p, c, T, STEP) for p, c in zip(PROMPTS, alone_caches)]
+    got, extracted = greedy_batched(model, PROMPTS, [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS], T,
+                                    arrivals=[0, 0, 3], prefill_step_size=STEP, on_step=check_live)
+    assert got == alone
+    for ex, al in zip(extracted, alone_caches):
+        assert [c.store.scheme for c in ex] == [c.store.scheme for c in al]
+        assert [live_kept(c) for c in ex] == [live_kept(c) for c in al]
 
 def test_rows_of_different_budgets_and_policies_share_a_batch():
     model = model_for("gemma3")

@@ -14,7 +14,7 @@ def test_bench_batch_command_line(tmp_path, capsys):
     run = saved["runs"]["40"]
     assert [r["B"] for r in run["full"]] == [1, 2] and [r["B"] for r in run["evict"]] == [1, 2]
     assert run["evict"][0]["kv_bytes_per_row"] < run["full"][0]["kv_bytes_per_row"]
-    assert "ratio" in run["at_cap"] and res["label"] == "squeeze"
+    assert "ratio" in run["at_cap"] and res["label"] == "squeeze[compress=chunk]"   # pinned: the measured configuration
     assert (tmp_path / "batch_speed_quick.png").exists()
     assert "at the 1 MiB cap" in capsys.readouterr().out
 

@@ -6,7 +6,9 @@ import pytest
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache, load_prompt_cache, KVCache
-from veloxquant_mlx import KVCacheConfig, KVCacheBuilder, H2OCache, coordinator_of, install_attention_hook, remove_attention_hook
+from veloxquant_mlx import (KVCacheConfig, KVCacheBuilder, H2OCache, EvictingCache, coordinator_of,
+                            install_attention_hook, remove_attention_hook)
+from veloxquant_mlx.methods import METHODS
 from veloxquant_mlx.builder import tiny_model, greedy, prompt_logits
 
 PROMPT = mx.random.randint(0, 256, (1, 120), key=mx.random.key(11))
@@ -19,7 +21,7 @@ def run_generate(model, caches, prompt=PROMPT[0], n=40, step=32):
 
 def check_invariants(caches):
     for c in caches:
-        if not isinstance(c, H2OCache): continue
+        if not isinstance(c, EvictingCache): continue
         pos = np.array(c.positions[:, :, :c.count])
         assert c.count <= c.layer_budget
         assert (pos < c.offset).all()
@@ -57,11 +59,15 @@ def test_long_decode_never_exceeds_budget():
 def test_squeeze_prefill_ends_at_exact_budgets():
     model = tiny_model("qwen3", n_layers=6)
     prompt = mx.random.randint(0, 256, (1, 500), key=mx.random.key(3))
-    caches = KVCacheBuilder.for_model(model, KVCacheConfig.for_method("squeeze", 40))
-    prompt_logits(model, prompt, caches, chunk=128)
-    co = coordinator_of(caches)
-    assert [c.tokens_kept for c in caches] == co.budgets and sum(co.budgets) == 6 * 40
-    assert max(co.budgets) > 40                       # someone was entitled to more than the average, and got it
+    for compress in ("chunk", "prompt_end"):          # after the prefill's last chunk, or at the prompt's end
+        caches = KVCacheBuilder.for_model(model, KVCacheConfig.for_method("squeeze", 40, compress=compress))
+        prompt_logits(model, prompt, caches, chunk=128)
+        if compress == "prompt_end":
+            assert [c.tokens_kept for c in caches] == [500] * 6      # held whole until the prompt ends
+            model(mx.array([[7]]), cache=caches)                     # its end: the first one-token pass
+        co = coordinator_of(caches)
+        assert [c.tokens_kept for c in caches] == co.budgets and sum(co.budgets) == 6 * 40
+        assert max(co.budgets) > 40                   # someone was entitled to more than the average, and got it
 
 def test_save_load_round_trip_continues_identically():
     model = tiny_model("llama")
@@ -122,3 +128,44 @@ def test_install_makes_make_prompt_cache_return_ours():
     model = tiny_model("llama")
     KVCacheBuilder.install(model, KVCacheConfig.for_method("h2o", 16))
     assert all(isinstance(c, H2OCache) for c in make_prompt_cache(model))
+
+EVICTING = [m for m, e in METHODS.items() if not e.baseline]   # every eviction method of the registry
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("compress", ["chunk", "prompt_end"])
+@pytest.mark.parametrize("method", EVICTING)
+def test_every_registered_method_keeps_the_invariants(arch, compress, method):
+    "Every method of the registry, both moments of choosing, through mlx-lm's generate_step: budgets, sinks, positions."
+    model = tiny_model(arch)
+    caches = KVCacheBuilder.for_model(model, KVCacheConfig.for_method(method, 24, compress=compress))
+    toks = run_generate(model, caches, n=30)
+    check_invariants([c for c in caches if isinstance(c, EvictingCache)])
+    assert all(c.offset == 120 + 30 for c in caches if isinstance(c, EvictingCache))
+    assert all(c.evicted for c in caches if isinstance(c, EvictingCache))
+    assert run_generate(model, KVCacheBuilder.for_model(model, KVCacheConfig.for_method(method, 24, compress=compress)),
+                        n=30) == toks                                     # deterministic
+
+@pytest.mark.parametrize("method", EVICTING)
+def test_every_registered_method_with_room_equals_mlx_lm(method):
+    "A budget with room for everything changes nothing, whatever the method's policy (Gemma 3's windows included)."
+    model = tiny_model("gemma3")
+    ref = run_generate(model, make_prompt_cache(model), n=20)
+    assert run_generate(model, KVCacheBuilder.for_model(model, KVCacheConfig.for_method(method, 256)), n=20) == ref
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_streamingllm_decodes_like_mlx_lm_rotating_cache(arch):
+    """After the same prefill, StreamingLLM (sinks + newest) gives the tokens of mlx-lm's RotatingKVCache(budget, keep).
+
+    Choosing after the prefill's chunk (`compress="chunk"`), the two hold the same tokens at every step. (By default our
+    layer chooses at the prompt's end, *after* the last prompt token has attended over the whole prompt, as a full
+    cache would; from then on the two hold the same tokens too, but that first step's hidden states differ.)"""
+    from veloxquant_mlx.quality import prefilled
+    model, ids = tiny_model(arch), PROMPT[0].tolist()
+    ours, mlx = KVCacheConfig.for_method("streamingllm", 24, compress="chunk"), KVCacheConfig.for_method("mlx-rotating", 24)
+    full, a, b = prefilled(model, ids[:-1], [ours, mlx])           # one prefill (full attention) for both
+    run = lambda caches: [int(t) for (t, _), _ in zip(generate_step(mx.array(ids[-1:]), model, prompt_cache=caches,
+                                                                   max_tokens=40), range(40))]
+    assert run(a) == run(b)
+    for c, r in zip(a, b):                                           # the same tokens held: 4 sinks and the newest
+        assert c.tokens_kept == r.size() == 24
+        assert sorted(c.positions[0, 0].tolist()) == list(range(4)) + list(range(c.offset - 20, c.offset))

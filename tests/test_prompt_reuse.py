@@ -77,7 +77,7 @@ def test_second_turn_through_generate_step(model, method):
 
 # ---- (b) trimming ------------------------------------------------------------------------------------------------
 def test_trim_after_eviction_raises_clearly(model):
-    caches = KVCacheBuilder.for_model(model, KVCacheConfig.for_method("h2o", 24))
+    caches = KVCacheBuilder.for_model(model, KVCacheConfig.for_method("h2o", 24, compress="chunk"))
     prompt_logits(model, FIRST, caches, chunk=16)
     assert can_trim_prompt_cache(caches)                # so mlx-lm's helpers reach the clear error below
     with pytest.raises(ValueError, match="has evicted tokens and cannot be trimmed"): caches[0].trim(5)

@@ -23,6 +23,13 @@ def check_structure(res, budgets, methods):
             assert {"model", "task", "method", "name", "params", "budget", "kv_fraction", "samples", "seed"} <= set(r)
             assert r["samples"] >= 1
             if r["name"] != "full": assert r["budget"] in budgets and 0 < r["kv_fraction"] < 1
+    for task in ("passkey", "perplexity"):          # every budget is its own row: more budget, more bytes held
+        by = {}
+        for r in rows:
+            if r["task"] == task and r["name"] != "full": by.setdefault(r["name"], []).append((r["budget"], r["kv_fraction"]))
+        for name, pts in by.items():
+            fr = [f for _, f in sorted(pts)]
+            assert all(a < b for a, b in zip(fr, fr[1:])), (task, name, sorted(pts))
     for r in rows:
         if r["task"] == "passkey": assert 0 <= r["accuracy"] <= 1 and 0 <= r["partial"] <= 1
         else: assert r["ppl"] > 0 and r["ppl_ratio"] > 0

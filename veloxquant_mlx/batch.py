@@ -4,7 +4,7 @@
 
 # %% ../nbs/03b_batch.ipynb #b3b00004
 from __future__ import annotations
-import copy, math
+import copy, copyreg, math
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
@@ -17,15 +17,40 @@ __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'rows_proxy_m
            'greedy_batched', 'check_batch_layer']
 
 # %% ../nbs/03b_batch.ipynb #b3b00007
-_ARRAYS = ("keys", "values", "positions", "scores")  # a row's per-slot arrays
+def _row_get(r:EvictingCache)->tuple:
+    "A float row's (keys, values, positions, scores): its storage's buffers and its own bookkeeping."
+    return r.store.keys, r.store.values, r.positions, r.scores
+
+def _row_set(r:EvictingCache, arrs:tuple):
+    "Give a float row its (keys, values, positions, scores) (all None: the batch holds them, packed)."
+    r.store.keys, r.store.values, r.positions, r.scores = arrs
+
+def _dtype_named(name:str): return getattr(mx, name)
+
+def _same_dtype(d): # an `mx.Dtype` (a quantized storage records one)
+    "How a dtype pickles and deep-copies: as itself (mlx-lm deep-copies a prompt batch's layers when it splits one)."
+    return _dtype_named, (str(d).rsplit(".", 1)[-1],)
+
+copyreg.pickle(type(mx.float32), _same_dtype)
+
+def _own_copy(obj):
+    "A shallow copy of `obj` (a storage) owning copies of its arrays, those in its tuples included."
+    def own(a):
+        if isinstance(a, mx.array): return mx.array(a)
+        return tuple(own(x) for x in a) if isinstance(a, tuple) else a
+    new = copy.copy(obj)
+    for k, v in vars(obj).items(): setattr(new, k, own(v))
+    return new
 
 def clone_row(cache:EvictingCache)->EvictingCache: # a one-sequence layer (batch size 1)
     "An independent copy of a one-sequence layer: its own arrays (in-place writes stay private), the same schedule."
-    if cache.keys is not None and cache.keys.shape[0] != 1:
-        raise ValueError(f"a batch row holds one sequence: got a cache of batch size {cache.keys.shape[0]} "
+    B = None if cache.store.dims is None else cache.store.dims[0]
+    if B not in (None, 1):
+        raise ValueError(f"a batch row holds one sequence: got a cache of batch size {B} "
                          "(merge one-sequence caches, as make_prompt_cache makes them)")
     row = copy.copy(cache)
-    for name in _ARRAYS:
+    row.store = _own_copy(cache.store)
+    for name in ("positions", "scores"):
         a = getattr(cache, name)
         if a is not None: setattr(row, name, mx.array(a))
     row.info = dict(cache.info)
@@ -122,7 +147,8 @@ def nbytes(self:BatchEvictingCache)->int:
 def state(self:BatchEvictingCache)->list:
     "The arrays to evaluate (mlx-lm's `mx.eval([c.state ...])`); `extract` a row to save it."
     if self._packed is not None: return [a for a in (*self._packed, *(self._obs or [])[:2]) if isinstance(a, mx.array)]
-    return [getattr(r, n) for r in self.rows for n in _ARRAYS if getattr(r, n) is not None]
+    flat = lambda a: [x for y in a for x in flat(y)] if isinstance(a, (tuple, list)) else [a]
+    return [a for r in self.rows for a in flat((*r.store.state(), r.positions, r.scores)) if a is not None]
 
 @patch(set_prop=True)
 def state(self:BatchEvictingCache, v):
@@ -215,8 +241,8 @@ def _fast_ok(self:BatchEvictingCache, N:int)->bool:
     if not self.fast or N != 1 or self._skip is not None or self._todo is not None or not self.rows: return False
     if self._packed is not None: return True
     r0 = self.rows[0]
-    return all(r.keys is not None and self._steady(r) and type(r.policy) is type(r0.policy) and r.window == r0.window
-               and r.n_sink == r0.n_sink for r in self.rows)
+    return all(r.keys is not None and not r.store.quantized and self._steady(r) and type(r.policy) is type(r0.policy)
+               and r.window == r0.window and r.n_sink == r0.n_sink for r in self.rows)   # quantized: row by row
 
 @patch
 def update_and_fetch(self:BatchEvictingCache, keys, values):
@@ -268,12 +294,12 @@ def _pack(self:BatchEvictingCache):
     "Move the rows' arrays into batched buffers (row b in slots [0, count_b)); the rows keep only their metadata."
     rows, e = self.rows, self._extra()
     L = min(max(r.budget + e for r in rows), self._width_needed())
-    per = [self._pad_to(tuple(getattr(r, n)[:, :, :r.count] for n in _ARRAYS), L) for r in rows]
+    per = [self._pad_to(tuple(a[:, :, :r.count] for a in _row_get(r)), L) for r in rows]
     self._packed = tuple(mx.concatenate([p[i] for p in per], axis=0) for i in range(4))
     w = max(r.policy.obs_window for r in rows)
     self._obs = self._pack_obs([r._obs_q for r in rows], w) if w else None
     for r in rows:
-        for n in _ARRAYS: setattr(r, n, None)
+        _row_set(r, (None,) * 4)
         r._obs_q = None
 
 @patch
@@ -294,7 +320,7 @@ def _row_arrays(self:BatchEvictingCache, b:int)->tuple:
 def _unpack(self:BatchEvictingCache):
     "Give every row its arrays back (before a row-by-row pass)."
     for b, r in enumerate(self.rows):
-        r.keys, r.values, r.positions, r.scores = self._row_arrays(b)
+        _row_set(r, self._row_arrays(b))
         r._obs_q = self._obs_row(b)
     self._packed = self._obs = None
 
@@ -331,7 +357,7 @@ def _fast_update(self:BatchEvictingCache, keys, values):
     for r, rm in zip(rows, room):
         r.offset += 1
         r.count += rm
-        r.evicted = r.evicted or not (rm or p.evict_after)
+        if not (rm or p.evict_after): r.evicted, r._contiguous = True, False     # a slot changed hands
     self._packed, self._step = (K, V, P, S), (start, [not x for x in room])
     return K, V
 
@@ -388,7 +414,8 @@ def _drop_one(self:BatchEvictingCache, queries, arrs:tuple, start, full:list, sc
     take = lambda a: mx.take_along_axis(a, last[..., None, None] if a.ndim == 4 else last[..., None], axis=2)
     K, V, P, S = (scatter_slot(a, to, take(a)) for a in (K, V, P, S))
     gone = isfull & (mx.arange(L)[None, None] == last[..., None])
-    for r, f in zip(rows, full): r.evicted = r.evicted or f
+    for r, f in zip(rows, full):
+        if f: r.evicted, r._contiguous = True, False
     return K, V, mx.where(gone, _EMPTY_POS, P), mx.where(gone, 0.0, S)
 
 # %% ../nbs/03b_batch.ipynb #b3b00027
@@ -442,7 +469,8 @@ def extract(self:BatchEvictingCache, idx:int)->EvictingCache:
     r = self.rows[idx]
     if self._packed is None: return clone_row(r)
     row = copy.copy(r)
-    row.keys, row.values, row.positions, row.scores = self._row_arrays(idx)
+    row.store = copy.copy(r.store)
+    _row_set(row, self._row_arrays(idx))
     row._obs_q, row.info = self._obs_row(idx), dict(r.info)
     return row
 

@@ -5,20 +5,32 @@
 # %% ../nbs/12_speed.ipynb #7c707434
 from __future__ import annotations
 import json, os, platform, statistics, sys, time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, asdict
 from .blas import preload_openblas, blas_status
 preload_openblas()  # before mlx.core: MLX's CPU wheel otherwise uses a reference BLAS
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from .builder import KVCacheConfig, KVCacheBuilder, tiny_model, coordinator_of
+from .cache import EvictingCache
 from .methods import METHODS
 from .h2o import prefill_evict, prefill_evict_reference, eviction_priority, proxy_mass, scatter_slot
+from .proxy import layer_concentration
 import veloxquant_mlx.cache as _cache_mod
+import veloxquant_mlx.builder as _builder_mod
 
 # %% auto #0
-__all__ = ['MODEL_SPECS', 'FULL', 'QUICK', 'SCORE_KINDS', 'build_model', 'real_gemma_available', 'make_caches', 'sync',
-           'kv_nbytes', 'overhead_nbytes', 'tokens_for', 'prefill', 'decode_times', 'med', 'bench_decode',
-           'profile_decode_evict', 'bench_contexts', 'bench_evict_paths', 'bench_coordinator', 'machine_info',
-           'run_all', 'format_table', 'plot_results', 'bench_scores', 'format_scores', 'main']
+__all__ = ['MODEL_SPECS', 'EXTRA_KINDS', 'CONTEXT_KINDS', 'FULL', 'QUICK', 'PARTS', 'build_model', 'real_gemma_available',
+           'head_dim_of', 'make_caches', 'tokens_for', 'sync', 'prefill', 'decode_times', 'kv_nbytes',
+           'overhead_nbytes', 'tokens_held', 'med', 'timed', 'decode_kinds', 'KindDecode', 'DecodeRun', 'hold_budget',
+           'fill_caches', 'timed_rounds', 'summarize_kind', 'bench_decode', 'EvictProfile', 'median_ms',
+           'profile_decode_evict', 'KindContext', 'ContextRow', 'ContextSweep', 'timed_prefill', 'decode_rounds_s',
+           'compare_to_plain', 'bench_context', 'bench_contexts', 'EvictPaths', 'evict_batched', 'evict_reference',
+           'bench_evict_paths', 'CoordinatorCost', 'clocked', 'timed_signals', 'concentration_all_keys_s',
+           'bench_coordinator', 'machine_info', 'SpeedRun', 'run_decode_part', 'run_contexts_part',
+           'run_evict_paths_part', 'run_coordinator_part', 'run_all', 'format_decode', 'format_profile',
+           'format_contexts', 'format_evict_paths', 'format_coordinator', 'format_table', 'plot_decode',
+           'plot_contexts', 'plot_prefill', 'plot_results', 'eprint', 'main']
 
 # %% ../nbs/12_speed.ipynb #1a00b39d
 MODEL_SPECS = {
@@ -33,8 +45,9 @@ MODEL_SPECS = {
                  head_dim=16, intermediate_size=128, vocab_size=256),
 }
 
-def build_model(name:str): # a key of MODEL_SPECS, or "gemma3_270m" (the converted real model)
-    "The benchmark model `name` (random weights, float32), or the real Gemma 3 270M if asked for."
+# %% ../nbs/12_speed.ipynb #b1e0a002
+def build_model(name:str): # a key of `MODEL_SPECS`, or "gemma3_270m" (the converted real model)
+    "The benchmark model `name`: random weights in float32, or the real Gemma 3 270M."
     if name == "gemma3_270m":
         from veloxquant_mlx.models import load_default_model
         return load_default_model(progress=False)[0]
@@ -42,42 +55,51 @@ def build_model(name:str): # a key of MODEL_SPECS, or "gemma3_270m" (the convert
     arch, n = spec.pop("arch"), spec.pop("n_layers")
     return tiny_model(arch, n_layers=n, max_position_embeddings=1 << 16, **spec)
 
+# %% ../nbs/12_speed.ipynb #b1e0a005
 def real_gemma_available()->bool:
-    "True when the converted Gemma 3 270M is on disk (the benchmark never triggers the conversion)."
+    "True when the converted Gemma 3 270M is on disk."
     try:
         from veloxquant_mlx.models import is_converted, default_model_dir
         return is_converted(default_model_dir())
     except Exception: return False
 
+# %% ../nbs/12_speed.ipynb #b1e0a008
+def head_dim_of(model)->int:
+    "The model's attention head dimension (its `head_dim`, else hidden size / query heads)."
+    a = model.args
+    return getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
+
 # %% ../nbs/12_speed.ipynb #8bd7f286
 _ARRAYS = ("keys", "values", "positions", "scores")
 
-def make_caches(model, kind:str, budget:int=512):
-    "mlx-lm's prompt cache (`kind='plain'`) or the cache a registry label names (`'h2o'`, `'tova'`, ...) at `budget`."
+def make_caches(model, kind:str, # "plain" (mlx-lm's own cache) or a registry label: "h2o", "h2o[score=key_proxy]"
+                budget:int=512): # average tokens per layer of an evicting kind
+    "The per-layer caches a benchmark kind names."
     if kind == "plain": return make_prompt_cache(model)
     return KVCacheBuilder.for_model(model, KVCacheConfig.from_label(kind, budget))
 
+# %% ../nbs/12_speed.ipynb #b1e0a011
+def tokens_for(model, n:int, seed:int=0)->mx.array:
+    "`n` random token ids `[1, n]` in the model's vocabulary."
+    return mx.random.randint(0, model.args.vocab_size, (1, n), key=mx.random.key(seed))
+
+# %% ../nbs/12_speed.ipynb #b1e0a014
 def sync(out, caches):
     "Evaluate `out` and every array the caches hold."
     mx.eval(out, [a for c in caches for a in (getattr(c, n, None) for n in _ARRAYS) if a is not None])
 
-def kv_nbytes(caches)->int: "Bytes of keys and values held by all layers"; return int(sum(c.nbytes for c in caches))
-def overhead_nbytes(caches)->int:
-    "Bytes of our bookkeeping (positions and scores); 0 for mlx-lm caches."
-    return int(sum(getattr(c, "overhead_nbytes", 0) for c in caches))
-
-def tokens_for(model, n:int, seed:int=0)->mx.array:
-    "`n` random token ids `[1, n]` in the model's vocabulary."
-    vocab = model.args.vocab_size
-    return mx.random.randint(0, vocab, (1, n), key=mx.random.key(seed))
-
-def prefill(model, tokens:mx.array, caches, step:int=2048):
-    "Run the prompt through the model in chunks of `step` tokens, syncing after each chunk (as mlx-lm's generate does)."
+# %% ../nbs/12_speed.ipynb #b1e0a017
+def prefill(model, tokens:mx.array, caches, step:int=2048)->mx.array:
+    "Run the prompt through the model in chunks of `step` tokens, syncing after each, then end it; the last logits."
     for a in range(0, tokens.shape[1], step):
         out = model(tokens[:, a:a + step], cache=caches)
         sync(out, caches)
+    for c in caches:                                    # a layer that waits for the prompt's end chooses now
+        if hasattr(c, "end_prompt"): c.end_prompt()
+    sync(out, caches)
     return out
 
+# %% ../nbs/12_speed.ipynb #b1e0a020
 def decode_times(model, caches, steps:int, token:int=1)->list:
     "Seconds of each of `steps` decode steps (logits and caches evaluated per step)."
     t, times = mx.array([[token]]), []
@@ -87,39 +109,142 @@ def decode_times(model, caches, steps:int, token:int=1)->list:
         times.append(time.perf_counter() - s)
     return times
 
-def med(xs): return float(statistics.median(xs))
+# %% ../nbs/12_speed.ipynb #b1e0a023
+def kv_nbytes(caches)->int:
+    "Bytes of keys and values held by all layers."
+    return int(sum(c.nbytes for c in caches))
+
+# %% ../nbs/12_speed.ipynb #b1e0a025
+def overhead_nbytes(caches)->int:
+    "Bytes of our bookkeeping (positions and scores); 0 for mlx-lm's caches."
+    return int(sum(getattr(c, "overhead_nbytes", 0) for c in caches))
+
+# %% ../nbs/12_speed.ipynb #b1e0a027
+def tokens_held(caches)->list:
+    "Tokens each layer holds (`tokens_kept` of ours, `size()` of mlx-lm's)."
+    return [c.tokens_kept if hasattr(c, "tokens_kept") else (c.size() if hasattr(c, "size") else None)
+            for c in caches]
+
+# %% ../nbs/12_speed.ipynb #b1e0a030
+def med(xs)->float:
+    "The median of `xs`, as a float."
+    return float(statistics.median(xs))
+
+# %% ../nbs/12_speed.ipynb #b1e0a033
+def timed(f, *args)->float:
+    "Wall seconds of one call `f(*args)`."
+    s = time.perf_counter()
+    f(*args)
+    return time.perf_counter() - s
+
+# %% ../nbs/12_speed.ipynb #ef28d67f
+EXTRA_KINDS = ("h2o[score=key_proxy]",)
+
+def decode_kinds(extra:tuple=EXTRA_KINDS)->tuple: # further registry labels to compare
+    "'plain', then every registered method at its defaults (`full` is 'plain' itself), then `extra`."
+    return ("plain",) + tuple(m for m in METHODS if m != "full") + tuple(extra)
+
+# %% ../nbs/12_speed.ipynb #b2e0a001
+@dataclass
+class KindDecode:
+    "One kind's decode at the budget: medians over the rounds, and what its caches hold."
+    step_ms:float # median over rounds of the mean step time, ms
+    tok_s:float # 1 / that median
+    kv_bytes:int # keys and values held, all layers
+    overhead_bytes:int # our bookkeeping (positions, scores)
+    tokens_kept:list # tokens held per layer
+    ratio_vs_plain:float|None=None # median over rounds of (step time / plain's in the same round); None for plain
+
+# %% ../nbs/12_speed.ipynb #b2e0a002
+@dataclass
+class DecodeRun:
+    "The decode comparison on one model: each kind's `KindDecode` and every step's seconds."
+    budget:int # tokens every kind holds
+    steps:int # timed decode steps per round
+    rounds:int # rounds, kinds interleaved in each
+    samples_s:dict # kind -> round -> seconds of each step
+    kinds:dict # kind -> `KindDecode`
+
+    @classmethod
+    def from_dict(cls, d:dict)->DecodeRun:
+        "The run `asdict` wrote (a result JSON's `decode[model]`)."
+        return cls(**{**d, "kinds": {k: KindDecode(**r) for k, r in d["kinds"].items()}})
 
 # %% ../nbs/12_speed.ipynb #3fb387ad
-def _trim_back(caches, n):
+def hold_budget(caches, n:int): # decode steps just run
+    "Trim mlx-lm's growing caches back by `n` tokens, so they keep holding the budget as ours do."
     for c in caches:
-        if hasattr(c, "is_trimmable") and c.is_trimmable() and not hasattr(c, "scores"): c.trim(n)
+        if not isinstance(c, EvictingCache) and c.is_trimmable(): c.trim(n)
 
-def bench_decode(model, budget:int=512, kinds=("plain", "h2o", "squeeze"), steps:int=16, rounds:int=5, warmup:int=2)->dict:
-    "Decode tokens/s per cache kind at `budget` held tokens, interleaved rounds, with per-round ratios to 'plain'."
-    caches = {}
+# %% ../nbs/12_speed.ipynb #b2e0a007
+def fill_caches(model, kinds, # benchmark kinds (see `make_caches`)
+                budget:int, # tokens each kind holds: the prompt's length
+                warmup:int=2)->dict: # untimed decode steps (trimmed back)
+    "Each kind's caches holding `budget` prompt tokens, warmed up: kind -> caches."
+    out = {}
     for k in kinds:
-        caches[k] = make_caches(model, k, budget)
-        prefill(model, tokens_for(model, budget), caches[k], step=2048)
-        decode_times(model, caches[k], warmup)
-        _trim_back(caches[k], warmup)
-    samples = {k: [] for k in kinds}
+        out[k] = make_caches(model, k, budget)
+        prefill(model, tokens_for(model, budget), out[k])
+        decode_times(model, out[k], warmup)
+        hold_budget(out[k], warmup)
+    return out
+
+# %% ../nbs/12_speed.ipynb #b2e0a010
+def timed_rounds(model, caches:dict, # kind -> its caches (`fill_caches`)
+                 steps:int, rounds:int)->dict:
+    "Seconds of every decode step, kind -> round -> step; each round runs every kind for `steps` steps in turn."
+    samples = {k: [] for k in caches}
     for _ in range(rounds):
-        for k in kinds:
-            samples[k].append(decode_times(model, caches[k], steps))
-            _trim_back(caches[k], steps)
+        for k, cs in caches.items():
+            samples[k].append(decode_times(model, cs, steps))
+            hold_budget(cs, steps)
+    return samples
+
+# %% ../nbs/12_speed.ipynb #b2e0a013
+def summarize_kind(caches, per_round:list, # mean step seconds of each round
+                   plain_per_round:list|None=None)->KindDecode: # the plain cache's, same rounds (None: no ratio)
+    "One kind's `KindDecode` from its caches and its per-round step times."
+    ratio = None if plain_per_round is None else med([a / b for a, b in zip(per_round, plain_per_round)])
+    return KindDecode(1e3 * med(per_round), 1.0 / med(per_round), kv_nbytes(caches), overhead_nbytes(caches),
+                      tokens_held(caches), ratio)
+
+# %% ../nbs/12_speed.ipynb #b2e0a016
+def bench_decode(model, budget:int=512, # tokens every kind holds
+                 kinds:tuple|None=None, # benchmark kinds; None: `decode_kinds()`
+                 steps:int=16, rounds:int=5, warmup:int=2)->DecodeRun:
+    "Decode speed of each kind at `budget` held tokens, kinds interleaved round by round, with ratios to 'plain'."
+    kinds = tuple(kinds or decode_kinds())
+    caches = fill_caches(model, kinds, budget, warmup)
+    samples = timed_rounds(model, caches, steps, rounds)
     per_round = {k: [sum(ts) / len(ts) for ts in samples[k]] for k in kinds}
-    res = dict(budget=budget, steps=steps, rounds=rounds, samples_s=samples, kinds={})
-    for k in kinds:
-        r = dict(step_ms=1e3 * med(per_round[k]), tok_s=1.0 / med(per_round[k]), kv_bytes=kv_nbytes(caches[k]),
-                 overhead_bytes=overhead_nbytes(caches[k]),
-                 tokens_kept=[getattr(c, "tokens_kept", None) or (c.size() if hasattr(c, "size") else None) for c in caches[k]])
-        if k != "plain" and "plain" in kinds:
-            r["ratio_vs_plain"] = med([a / b for a, b in zip(per_round[k], per_round["plain"])])
-        res["kinds"][k] = r
-    return res
+    plain = per_round.get("plain")
+    summary = {k: summarize_kind(caches[k], per_round[k], None if k == "plain" else plain) for k in kinds}
+    return DecodeRun(budget, steps, rounds, samples, summary)
+
+# %% ../nbs/12_speed.ipynb #b2e0a017
+@dataclass
+class EvictProfile:
+    "Median ms per call of the parts of one layer's decode eviction, and of the attention over the same buffer."
+    score_update:float # one key-as-query product and softmax (`proxy_mass`)
+    argmin:float # the victim search: `eviction_priority` and argmin
+    scatter_x4:float # the four scatters into keys, values, positions and scores
+    attention:float # mlx-lm's fused attention of one query over the buffer
+    n_layers:int|None=None # the model's layers: a step pays each part once per layer
+
+# %% ../nbs/12_speed.ipynb #b2e0a018
+def median_ms(f, reps:int)->float: # f() builds the lazy arrays to evaluate
+    "Median milliseconds of `mx.eval(f())` over `reps` calls."
+    ts = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        mx.eval(f())
+        ts.append(time.perf_counter() - s)
+    return 1e3 * med(ts)
 
 # %% ../nbs/12_speed.ipynb #1ac6ceb2
-def profile_decode_evict(n_kv_heads:int, head_dim:int, budget:int=512, n_heads:int|None=None, reps:int=50)->dict:
+def profile_decode_evict(n_kv_heads:int, head_dim:int, budget:int=512,
+                         n_heads:int|None=None, # query heads (None: as many as KV heads)
+                         reps:int=50, n_layers:int|None=None)->EvictProfile:
     "Median ms per call of the parts of one layer's decode eviction, and of the attention itself, at `budget`."
     B, H, D = 1, n_kv_heads, head_dim
     k, v = mx.random.normal((B, H, budget, D)), mx.random.normal((B, H, budget, D))
@@ -127,300 +252,530 @@ def profile_decode_evict(n_kv_heads:int, head_dim:int, budget:int=512, n_heads:i
     sc = mx.random.uniform(shape=(B, H, budget))
     nk = mx.random.normal((B, H, 1, D))
     q = mx.random.normal((B, n_heads or H, 1, D))
-    p = budget + 10
-    parts = {
-        "score_update": lambda: proxy_mass(k, pos, nk, mx.array([p])),
-        "argmin": lambda: mx.argmin(eviction_priority(sc, pos, 4, p), axis=-1),
-        "scatter_x4": lambda: [scatter_slot(a, mx.zeros((B, H), mx.int32), n) for a, n in
-                               ((k, nk), (v, nk), (pos, mx.zeros((B, H, 1), mx.int32)), (sc, mx.zeros((B, H, 1))))],
-        "attention": lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5),
-    }
+    p, slot = budget + 10, mx.zeros((B, H), mx.int32)
+    news = ((k, nk), (v, nk), (pos, mx.zeros((B, H, 1), mx.int32)), (sc, mx.zeros((B, H, 1))))
     mx.eval(k, v, pos, sc, nk, q)
-    out = {}
-    for name, f in parts.items():
-        ts = []
-        for _ in range(reps):
-            s = time.perf_counter(); mx.eval(f()); ts.append(time.perf_counter() - s)
-        out[name] = 1e3 * med(ts)
-    return out
+    return EvictProfile(
+        score_update=median_ms(lambda: proxy_mass(k, pos, nk, mx.array([p])), reps),
+        argmin=median_ms(lambda: mx.argmin(eviction_priority(sc, pos, 4, p), axis=-1), reps),
+        scatter_x4=median_ms(lambda: [scatter_slot(a, slot, n) for a, n in news], reps),
+        attention=median_ms(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5), reps),
+        n_layers=n_layers)
+
+# %% ../nbs/12_speed.ipynb #b3e0a001
+@dataclass
+class KindContext:
+    "One kind at one prompt length: prefill and decode speed, bytes held, peak memory."
+    prefill_s:list # seconds of each prefill (fresh caches each time)
+    decode_step_s:list # mean step seconds of each decode round after the last prefill
+    kv_bytes:int # keys and values held at the end
+    overhead_bytes:int # our bookkeeping at the end
+    peak_bytes:int # MLX's peak memory since just before the last prefill
+    prefill_med_s:float # median of `prefill_s`
+    prefill_tok_s:float # prompt tokens / `prefill_med_s`
+    decode_tok_s:float # 1 / median of `decode_step_s`
+    prefill_ratio_vs_plain:float|None=None # median over repeats of (prefill seconds / plain's)
+    decode_speedup_vs_plain:float|None=None # decode tok/s / plain's
+    kv_bytes_ratio_vs_plain:float|None=None # KV bytes / plain's
+
+    @classmethod
+    def measured(cls, length:int, prefill_s:list, decode_step_s:list, caches)->KindContext:
+        "The summary of one kind's measurements at a prompt of `length` tokens (ratios left to `compare_to_plain`)."
+        return cls(prefill_s, decode_step_s, kv_nbytes(caches), overhead_nbytes(caches), int(mx.get_peak_memory()),
+                   med(prefill_s), length / med(prefill_s), 1.0 / med(decode_step_s))
+
+# %% ../nbs/12_speed.ipynb #b3e0a002
+@dataclass
+class ContextRow:
+    "Every kind at one prompt length."
+    length:int # prompt tokens
+    kinds:dict # kind -> `KindContext`
+
+# %% ../nbs/12_speed.ipynb #b3e0a003
+@dataclass
+class ContextSweep:
+    "The context sweep: one `ContextRow` per prompt length, and its settings."
+    budget:int # tokens an evicting kind holds
+    prefill_step:int # prefill chunk
+    prefill_repeats:int # prefills per kind and length
+    decode_steps:int # steps per decode round
+    decode_rounds:int # decode rounds after the last prefill
+    rows:list # `ContextRow`s, by length
+    model:str|None=None # the benchmark model's name
+
+    @classmethod
+    def from_dict(cls, d:dict)->ContextSweep:
+        "The sweep `asdict` wrote (a result JSON's `contexts`)."
+        rows = [ContextRow(r["length"], {k: KindContext(**v) for k, v in r["kinds"].items()}) for r in d["rows"]]
+        return cls(**{**d, "rows": rows})
+
+# %% ../nbs/12_speed.ipynb #b3e0a005
+def timed_prefill(model, tokens:mx.array, kind:str, budget:int, step:int)->tuple:
+    "Seconds of one prefill on fresh caches of `kind` (peak memory reset first), and the caches."
+    caches = make_caches(model, kind, budget)
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    return timed(prefill, model, tokens, caches, step), caches
+
+# %% ../nbs/12_speed.ipynb #b3e0a008
+def decode_rounds_s(model, caches, steps:int, rounds:int)->list:
+    "Mean step seconds of each of `rounds` rounds of `steps` decode steps, after one untimed step."
+    decode_times(model, caches, 1)
+    return [sum(ts) / len(ts) for ts in (decode_times(model, caches, steps) for _ in range(rounds))]
+
+# %% ../nbs/12_speed.ipynb #b3e0a011
+def compare_to_plain(row:ContextRow)->ContextRow:
+    "`row` with each kind's ratios to the plain cache filled in (unchanged without a plain cache)."
+    p = row.kinds.get("plain")
+    for k, r in row.kinds.items():
+        if p is None or k == "plain": continue
+        r.prefill_ratio_vs_plain = med([a / b for a, b in zip(r.prefill_s, p.prefill_s)])
+        r.decode_speedup_vs_plain = r.decode_tok_s / p.decode_tok_s
+        r.kv_bytes_ratio_vs_plain = r.kv_bytes / p.kv_bytes
+    return row
+
+# %% ../nbs/12_speed.ipynb #b3e0a014
+CONTEXT_KINDS = ("plain", "h2o[compress=chunk]")  # chosen after every chunk: the memory stays bounded during prefill
+
+def bench_context(model, length:int, budget:int=512, kinds=CONTEXT_KINDS, prefill_step:int=2048,
+                  prefill_repeats:int=2, decode_steps:int=8, decode_rounds:int=3)->ContextRow:
+    "Every kind at one prompt length: `prefill_repeats` timed prefills each, the last one followed by decoding."
+    toks = tokens_for(model, length, seed=length)
+    prefill_s, row = {k: [] for k in kinds}, ContextRow(length, {})
+    for rep in range(prefill_repeats):
+        for k in kinds:
+            s, caches = timed_prefill(model, toks, k, budget, prefill_step)
+            prefill_s[k].append(s)
+            if rep == prefill_repeats - 1:
+                dec = decode_rounds_s(model, caches, decode_steps, decode_rounds)
+                row.kinds[k] = KindContext.measured(length, prefill_s[k], dec, caches)
+            del caches
+    return compare_to_plain(row)
 
 # %% ../nbs/12_speed.ipynb #77837afd
-def bench_contexts(model, lengths=(2048, 8192, 16384), budget:int=512, kinds=("plain", "h2o"), prefill_step:int=2048,
-                   prefill_repeats:int=2, decode_steps:int=8, decode_rounds:int=3)->dict:
+def bench_contexts(model, lengths=(2048, 8192, 16384), budget:int=512, kinds=CONTEXT_KINDS, prefill_step:int=2048,
+                   prefill_repeats:int=2, decode_steps:int=8, decode_rounds:int=3, log=print)->ContextSweep:
     "Prefill seconds, decode tok/s, KV bytes and peak memory per prompt length and cache kind."
     rows = []
     for L in lengths:
-        print(f"  context {L}", file=sys.stderr, flush=True)
-        toks = tokens_for(model, L, seed=L)
-        row = dict(length=L, kinds={k: dict(prefill_s=[], decode_step_s=[]) for k in kinds})
-        for rep in range(prefill_repeats):
-            for k in kinds:
-                caches = make_caches(model, k, budget)
-                mx.clear_cache(); mx.reset_peak_memory()
-                s = time.perf_counter(); prefill(model, toks, caches, prefill_step)
-                row["kinds"][k]["prefill_s"].append(time.perf_counter() - s)
-                if rep == prefill_repeats - 1:
-                    decode_times(model, caches, 1)
-                    for _ in range(decode_rounds):
-                        ts = decode_times(model, caches, decode_steps)
-                        row["kinds"][k]["decode_step_s"].append(sum(ts) / len(ts))
-                    r = row["kinds"][k]
-                    r.update(kv_bytes=kv_nbytes(caches), overhead_bytes=overhead_nbytes(caches), peak_bytes=int(mx.get_peak_memory()))
-                del caches
-        for k, r in row["kinds"].items():
-            r["prefill_med_s"] = med(r["prefill_s"]); r["prefill_tok_s"] = L / r["prefill_med_s"]
-            r["decode_tok_s"] = 1.0 / med(r["decode_step_s"])
-            if k != "plain" and "plain" in kinds:
-                p = row["kinds"]["plain"]
-                r["prefill_ratio_vs_plain"] = med([a / b for a, b in zip(r["prefill_s"], p["prefill_s"])])
-                r["decode_speedup_vs_plain"] = r["decode_tok_s"] / p["decode_tok_s"]
-                r["kv_bytes_ratio_vs_plain"] = r["kv_bytes"] / p["kv_bytes"]
-        rows.append(row)
-    return dict(budget=budget, prefill_step=prefill_step, prefill_repeats=prefill_repeats, decode_steps=decode_steps,
-                decode_rounds=decode_rounds, rows=rows)
+        log(f"  context {L}")
+        rows.append(bench_context(model, L, budget, kinds, prefill_step, prefill_repeats, decode_steps, decode_rounds))
+    return ContextSweep(budget, prefill_step, prefill_repeats, decode_steps, decode_rounds, rows)
+
+# %% ../nbs/12_speed.ipynb #b3e0a017
+@dataclass
+class EvictPaths:
+    "One layer's eviction over a prompt of `length` tokens: the batched path and the sequential reference."
+    length:int # prompt tokens
+    batched_s:list # seconds of each batched run
+    reference_s:list # seconds of each reference run (empty when not run)
+    batched_med_s:float # median of `batched_s`
+    reference_med_s:float|None=None # median of `reference_s`
+    reference_over_batched:float|None=None # `reference_med_s / batched_med_s`
+
+# %% ../nbs/12_speed.ipynb #b3e0a018
+def evict_batched(k:mx.array, v:mx.array, # one layer's keys and values `[1, H, L, D]`
+                  budget:int, prefill_step:int, n_sink:int=4)->tuple:
+    "One layer's H2O eviction over a prompt in chunks with the batched `prefill_evict`: the kept state."
+    st = (None,) * 4
+    for a in range(0, k.shape[2], prefill_step):
+        _, st = prefill_evict(*st, k[:, :, a:a + prefill_step], v[:, :, a:a + prefill_step], a, budget, n_sink)
+        mx.eval(st)
+    return st
+
+# %% ../nbs/12_speed.ipynb #b3e0a019
+def evict_reference(k:mx.array, v:mx.array, # one layer's keys and values `[1, H, L, D]`
+                    budget:int, prefill_step:int, n_sink:int=4)->tuple:
+    "The same with the sequential `prefill_evict_reference`: the kept state."
+    st = (None,) * 4
+    for a in range(0, k.shape[2], prefill_step):
+        st = prefill_evict_reference(*st, k[:, :, a:a + prefill_step], v[:, :, a:a + prefill_step], a, budget, n_sink)
+    return st
 
 # %% ../nbs/12_speed.ipynb #cdaad7ea
 def bench_evict_paths(n_kv_heads:int, head_dim:int, lengths=(1024,), budget:int=512, prefill_step:int=2048,
-                      n_sink:int=4, reference:bool=True, repeats:int=3)->list:
-    "Seconds for one layer's eviction over a prompt: batched `prefill_evict` vs `prefill_evict_reference`."
+                      n_sink:int=4, reference:bool=True, # also time the reference (once per length)
+                      repeats:int=3)->list: # batched runs per length
+    "Seconds for one layer's eviction over each prompt length: batched `prefill_evict` vs the reference."
     rows = []
     for L in lengths:
         k = mx.random.normal((1, n_kv_heads, L, head_dim), key=mx.random.key(L))
         v = mx.random.normal((1, n_kv_heads, L, head_dim), key=mx.random.key(L + 1))
         mx.eval(k, v)
-        def batched():
-            st = (None,) * 4
-            for a in range(0, L, prefill_step):
-                _, st = prefill_evict(*st, k[:, :, a:a + prefill_step], v[:, :, a:a + prefill_step], a, budget, n_sink)
-                mx.eval(st)
-        def ref():
-            st = (None,) * 4
-            for a in range(0, L, prefill_step):
-                st = prefill_evict_reference(*st, k[:, :, a:a + prefill_step], v[:, :, a:a + prefill_step], a, budget, n_sink)
-        row = dict(length=L, batched_s=[], reference_s=[])
-        for _ in range(repeats):
-            s = time.perf_counter(); batched(); row["batched_s"].append(time.perf_counter() - s)
-        if reference:
-            s = time.perf_counter(); ref(); row["reference_s"].append(time.perf_counter() - s)
-        row["batched_med_s"] = med(row["batched_s"])
-        if row["reference_s"]:
-            row["reference_med_s"] = med(row["reference_s"]); row["reference_over_batched"] = row["reference_med_s"] / row["batched_med_s"]
-        rows.append(row)
+        b = [timed(evict_batched, k, v, budget, prefill_step, n_sink) for _ in range(repeats)]
+        r = [timed(evict_reference, k, v, budget, prefill_step, n_sink)] if reference else []
+        rows.append(EvictPaths(L, b, r, med(b), med(r) if r else None, med(r) / med(b) if r else None))
     return rows
 
-# %% ../nbs/12_speed.ipynb #ecc2a47f
-def bench_coordinator(model, length:int=8192, budget:int=512, prefill_step:int=2048, repeats:int=2)->dict:
-    "Seconds of the concentration proxy and the one-shot re-budget vs the whole SqueezeAttention prefill."
-    from veloxquant_mlx.proxy import layer_concentration
-    toks = tokens_for(model, length, seed=7)
-    out = dict(length=length, budget=budget, prefill_step=prefill_step, prefill_s=[], concentration_s=[], rebudget_s=[])
-    orig_conc = _cache_mod.layer_concentration
-    for _ in range(repeats):
-        caches = make_caches(model, "squeeze", budget)
-        co = coordinator_of(caches)
-        acc = dict(conc=0.0, fin=0.0)
-        def timed_conc(keys):
-            mx.eval(keys)
-            s = time.perf_counter(); v = orig_conc(keys); acc["conc"] += time.perf_counter() - s
-            return v
-        orig_fin = co.finalize
-        def timed_fin():
-            mx.eval([getattr(c, n) for c in co.layers.values() for n in _ARRAYS if getattr(c, n) is not None])
-            s = time.perf_counter(); orig_fin()
-            mx.eval([getattr(c, n) for c in co.layers.values() for n in _ARRAYS if getattr(c, n) is not None])
-            acc["fin"] += time.perf_counter() - s
-        co.finalize = timed_fin
-        _cache_mod.layer_concentration = timed_conc
-        try:
-            s = time.perf_counter(); prefill(model, toks, caches, prefill_step); out["prefill_s"].append(time.perf_counter() - s)
-        finally: _cache_mod.layer_concentration = orig_conc
-        out["concentration_s"].append(acc["conc"]); out["rebudget_s"].append(acc["fin"])
-        out["budgets"] = co.budgets
+# %% ../nbs/12_speed.ipynb #b4e0a001
+@dataclass
+class CoordinatorCost:
+    "What SqueezeAttention's layer signals and one-shot re-budget cost, as shares of its whole prefill."
+    length:int # prompt tokens
+    budget:int # average tokens per layer
+    prefill_step:int # prefill chunk
+    prefill_s:list # seconds of each whole prefill
+    concentration_s:list # seconds of the key concentration inside each prefill
+    rebudget_s:list # seconds of the one-shot re-budget inside each prefill
+    budgets:list # the resolved per-layer budgets
+    concentration_all_keys_s:list # seconds of the key concentration over every layer's whole prompt
+    prefill_med_s:float # median of `prefill_s`
+    concentration_share:float # median concentration seconds / `prefill_med_s`
+    rebudget_share:float # median re-budget seconds / `prefill_med_s`
+    concentration_all_keys_share:float # median all-keys seconds / `prefill_med_s`
+    total_share:float # signals and re-budget together
+    model:str|None=None # the benchmark model's name
+    label:str|None=None # the registry label run (None: a run from before the registry, key-dispersion signal)
+    hidden_cosine_s:list=field(default_factory=list) # seconds of the hidden-state cosine inside each prefill
+    hidden_cosine_share:float=0.0 # median hidden-cosine seconds / `prefill_med_s`
+
+# %% ../nbs/12_speed.ipynb #b4e0a003
+def clocked(acc:dict, name:str, f, # `acc[name]` collects the seconds of `f`
+            inputs): # inputs(args) -> the arrays to evaluate before timing (and after, for in-place work)
+    "`f`, with the seconds of each call added to `acc[name]`."
+    def g(*args):
+        mx.eval(inputs(args))
+        s = time.perf_counter()
+        out = f(*args)
+        mx.eval(inputs(args))
+        acc[name] += time.perf_counter() - s
+        return out
+    return g
+
+# %% ../nbs/12_speed.ipynb #b4e0a006
+@contextmanager
+def timed_signals(co): # the caches' `SqueezeCoordinator`
+    "Inside the block, seconds of the key concentration, the hidden-state cosine and `co`'s re-budget, in a dict."
+    acc = dict(concentration=0.0, hidden_cosine=0.0, rebudget=0.0)
+    conc, cos = _cache_mod.layer_concentration, _builder_mod._hidden_cosine
+    held = lambda args: [a for c in co.layers.values() for a in (getattr(c, n) for n in _ARRAYS) if a is not None]
+    _cache_mod.layer_concentration = clocked(acc, "concentration", conc, lambda args: args[0])
+    _builder_mod._hidden_cosine = clocked(acc, "hidden_cosine", cos, lambda args: list(args))
+    co.finalize = clocked(acc, "rebudget", co.finalize, held)
+    try: yield acc
+    finally:
+        _cache_mod.layer_concentration, _builder_mod._hidden_cosine = conc, cos
+        del co.finalize
+
+# %% ../nbs/12_speed.ipynb #b4e0a009
+def concentration_all_keys_s(model, tokens:mx.array, prefill_step:int, repeats:int=3)->list:
+    "Seconds of `layer_concentration` over every layer's whole prompt keys (from a plain cache), `repeats` times."
     plain = make_caches(model, "plain")
-    prefill(model, toks, plain, prefill_step)
+    prefill(model, tokens, plain, prefill_step)
     keys = [c.keys[:, :, :c.offset] for c in plain]
     mx.eval(keys)
-    ts = []
-    for _ in range(max(repeats, 3)):
-        s = time.perf_counter(); [layer_concentration(k) for k in keys]; ts.append(time.perf_counter() - s)
-    out["concentration_all_keys_s"] = ts
-    P = med(out["prefill_s"])
-    out.update(prefill_med_s=P, concentration_share=med(out["concentration_s"]) / P, rebudget_share=med(out["rebudget_s"]) / P,
-               concentration_all_keys_share=med(ts) / P)
-    out["total_share"] = out["concentration_share"] + out["rebudget_share"]
-    return out
+    return [timed(lambda: [layer_concentration(k) for k in keys]) for _ in range(repeats)]
+
+# %% ../nbs/12_speed.ipynb #ecc2a47f
+def bench_coordinator(model, length:int=8192, budget:int=512, prefill_step:int=2048, repeats:int=2,
+                      label:str="squeeze")->CoordinatorCost: # a registry label of a SqueezeAttention configuration
+    "Seconds of the layer signals and the one-shot re-budget vs the whole SqueezeAttention prefill."
+    toks = tokens_for(model, length, seed=7)
+    prefill_s, accs = [], []
+    for _ in range(repeats):
+        caches = make_caches(model, label, budget)
+        co = coordinator_of(caches)
+        with timed_signals(co) as acc: prefill_s.append(timed(prefill, model, toks, caches, prefill_step))
+        accs.append(acc)
+    all_keys = concentration_all_keys_s(model, toks, prefill_step, max(repeats, 3))
+    P = med(prefill_s)
+    secs = lambda name: [a[name] for a in accs]
+    share = lambda name: med(secs(name)) / P
+    return CoordinatorCost(
+        length, budget, prefill_step, prefill_s, secs("concentration"), secs("rebudget"), co.budgets, all_keys, P,
+        share("concentration"), share("rebudget"), med(all_keys) / P,
+        share("concentration") + share("hidden_cosine") + share("rebudget"), label=label,
+        hidden_cosine_s=secs("hidden_cosine"), hidden_cosine_share=share("hidden_cosine"))
 
 # %% ../nbs/12_speed.ipynb #c0600df0
-FULL = dict(decode_models=["llama16", "gemma3_270m", "gemma3_shape"], decode_budget=512, decode_steps=16, decode_rounds=5,
-            context_model="small", context_lengths=[1024, 2048, 4096, 8192, 16384], context_budget=512, prefill_step=2048,
-            prefill_repeats=2, context_decode_steps=8, context_decode_rounds=3,
-            reference_lengths=[1024], coordinator_length=8192, coordinator_repeats=2, profile_reps=50)
-QUICK = dict(decode_models=["small"], decode_budget=256, decode_steps=8, decode_rounds=3,
-             context_model="small", context_lengths=[512, 1024], context_budget=256, prefill_step=512,
-             prefill_repeats=2, context_decode_steps=4, context_decode_rounds=2,
-             reference_lengths=[512], coordinator_length=1024, coordinator_repeats=1, profile_reps=10)
+FULL = dict(decode_models=["llama16", "gemma3_270m", "gemma3_shape"], decode_budget=512, decode_kinds=None,
+            decode_steps=16, decode_rounds=5, context_model="small", context_lengths=[1024, 2048, 4096, 8192, 16384],
+            context_budget=512, context_kinds=list(CONTEXT_KINDS), prefill_step=2048, prefill_repeats=2,
+            context_decode_steps=8, context_decode_rounds=3, reference_lengths=[1024], coordinator_length=8192,
+            coordinator_repeats=2, coordinator_label="squeeze", profile_reps=50)
+QUICK = {**FULL, **dict(decode_models=["small"], decode_budget=256, decode_steps=8, decode_rounds=3,
+                        context_lengths=[512, 1024], context_budget=256, prefill_step=512, context_decode_steps=4,
+                        context_decode_rounds=2, reference_lengths=[512], coordinator_length=1024,
+                        coordinator_repeats=1, profile_reps=10)}
 
+# %% ../nbs/12_speed.ipynb #b5e0a002
 def machine_info()->dict:
-    "Platform, CPU count, Python/MLX versions and the BLAS in use."
+    "Platform, CPU count, Python/MLX versions, the BLAS in use and the load average at the start."
     import mlx_lm
-    return dict(platform=platform.platform(), machine=platform.machine(), cpu_count=os.cpu_count(), python=sys.version.split()[0],
-                mlx=mx.__version__, mlx_lm=mlx_lm.__version__, device=str(mx.default_device()), blas=str(blas_status()),
-                loadavg=os.getloadavg() if hasattr(os, "getloadavg") else None)
+    return dict(platform=platform.platform(), machine=platform.machine(), cpu_count=os.cpu_count(),
+                python=sys.version.split()[0], mlx=mx.__version__, mlx_lm=mlx_lm.__version__,
+                device=str(mx.default_device()), blas=str(blas_status()),
+                loadavg=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
 
-def run_all(quick:bool=False, overrides:dict|None=None, log=print, checkpoint=None)->dict:
-    "Run the four benchmarks; a JSON-ready dict with machine info, settings, every sample and the medians (`checkpoint(res)` after each part)."
-    done = checkpoint or (lambda r: None)
-    cfg = {**(QUICK if quick else FULL), **(overrides or {})}
-    t0 = time.perf_counter()
-    res = dict(machine=machine_info(), settings=dict(cfg, quick=quick), decode={}, profile={},
-               notes=[] if real_gemma_available() else ["real Gemma 3 270M not converted on this machine: random-weight models only"])
+# %% ../nbs/12_speed.ipynb #b5e0a005
+@dataclass
+class SpeedRun:
+    "A benchmark run: the machine, the settings, and each part's results (a part not run stays empty)."
+    machine:dict # `machine_info()` at the start
+    settings:dict # the settings used (`FULL` or `QUICK` with overrides), `quick` and `parts`
+    decode:dict=field(default_factory=dict) # model name -> `DecodeRun` (part 1)
+    profile:dict=field(default_factory=dict) # model name -> `EvictProfile` (part 1)
+    notes:list=field(default_factory=list) # what was skipped, and why
+    contexts:ContextSweep|None=None # parts 2 and 3
+    evict_paths:list=field(default_factory=list) # `EvictPaths` per prompt length (part 3)
+    coordinator:CoordinatorCost|None=None # part 4
+    elapsed_s:float|None=None # seconds of the whole run (None while it runs)
+
+    @classmethod
+    def from_dict(cls, d:dict)->SpeedRun:
+        "The run `asdict` wrote: a result JSON."
+        conv = dict(decode=lambda v: {n: DecodeRun.from_dict(x) for n, x in v.items()},
+                    profile=lambda v: {n: EvictProfile(**x) for n, x in v.items()},
+                    contexts=lambda v: v and ContextSweep.from_dict(v),
+                    evict_paths=lambda v: [EvictPaths(**x) for x in v],
+                    coordinator=lambda v: v and CoordinatorCost(**v))
+        return cls(**{k: conv[k](v) if k in conv else v for k, v in d.items()})
+
+    @classmethod
+    def load(cls, path)->SpeedRun:
+        "The run saved at `path`."
+        with open(path) as f: return cls.from_dict(json.load(f))
+
+    def save(self, path):
+        "Write the run to `path` as JSON (folders made as needed)."
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f: json.dump(asdict(self), f, indent=1)
+
+# %% ../nbs/12_speed.ipynb #b5e0a010
+def run_decode_part(run:SpeedRun, cfg:dict, log=print):
+    "Part 1: the decode comparison and the eviction profile on each decode model."
     for name in cfg["decode_models"]:
         if name == "gemma3_270m" and not real_gemma_available():
-            res["notes"].append("gemma3_270m skipped: not converted"); continue
+            run.notes.append("gemma3_270m skipped: not converted")
+            continue
         log(f"[decode] {name}")
-        m = build_model(name)
-        res["decode"][name] = bench_decode(m, cfg["decode_budget"], steps=cfg["decode_steps"], rounds=cfg["decode_rounds"])
+        m, b = build_model(name), cfg["decode_budget"]
+        run.decode[name] = bench_decode(m, b, cfg["decode_kinds"], cfg["decode_steps"], cfg["decode_rounds"])
         a = m.args
-        hd = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
-        res["profile"][name] = profile_decode_evict(a.num_key_value_heads, hd, cfg["decode_budget"], a.num_attention_heads, cfg["profile_reps"])
-        res["profile"][name]["n_layers"] = len(m.layers)
-        del m; done(res)
+        run.profile[name] = profile_decode_evict(a.num_key_value_heads, head_dim_of(m), b, a.num_attention_heads,
+                                                 cfg["profile_reps"], len(m.layers))
+
+# %% ../nbs/12_speed.ipynb #b5e0a014
+def run_contexts_part(run:SpeedRun, cfg:dict, log=print):
+    "Parts 2 and 3: the context sweep on the context model."
     log(f"[contexts] {cfg['context_model']} {cfg['context_lengths']}")
-    m = build_model(cfg["context_model"])
-    res["contexts"] = bench_contexts(m, cfg["context_lengths"], cfg["context_budget"], prefill_step=cfg["prefill_step"],
-                                     prefill_repeats=cfg["prefill_repeats"], decode_steps=cfg["context_decode_steps"],
-                                     decode_rounds=cfg["context_decode_rounds"])
-    res["contexts"]["model"] = cfg["context_model"]; done(res)
-    a = m.args
+    run.contexts = bench_contexts(build_model(cfg["context_model"]), cfg["context_lengths"], cfg["context_budget"],
+                                  cfg["context_kinds"], cfg["prefill_step"], cfg["prefill_repeats"],
+                                  cfg["context_decode_steps"], cfg["context_decode_rounds"], log=log)
+    run.contexts.model = cfg["context_model"]
+
+# %% ../nbs/12_speed.ipynb #b5e0a016
+def run_evict_paths_part(run:SpeedRun, cfg:dict, log=print):
+    "Part 3b: one layer's eviction, batched vs the reference, in the context model's shape."
     log(f"[evict paths] {cfg['reference_lengths']}")
-    res["evict_paths"] = bench_evict_paths(a.num_key_value_heads, a.head_dim, cfg["reference_lengths"], cfg["context_budget"],
-                                           cfg["prefill_step"], repeats=3); done(res)
+    m = build_model(cfg["context_model"])
+    run.evict_paths = bench_evict_paths(m.args.num_key_value_heads, head_dim_of(m), cfg["reference_lengths"],
+                                        cfg["context_budget"], cfg["prefill_step"], repeats=3)
+
+# %% ../nbs/12_speed.ipynb #b5e0a018
+def run_coordinator_part(run:SpeedRun, cfg:dict, log=print):
+    "Part 4: what SqueezeAttention's signals and re-budget cost inside its prefill, on the context model."
     log(f"[coordinator] {cfg['coordinator_length']}")
-    res["coordinator"] = bench_coordinator(m, cfg["coordinator_length"], cfg["context_budget"], cfg["prefill_step"], cfg["coordinator_repeats"])
-    res["coordinator"]["model"] = cfg["context_model"]
-    res["elapsed_s"] = time.perf_counter() - t0
-    return res
+    run.coordinator = bench_coordinator(build_model(cfg["context_model"]), cfg["coordinator_length"],
+                                        cfg["context_budget"], cfg["prefill_step"], cfg["coordinator_repeats"],
+                                        cfg["coordinator_label"])
+    run.coordinator.model = cfg["context_model"]
+
+# %% ../nbs/12_speed.ipynb #b5e0a021
+PARTS = dict(decode=run_decode_part, contexts=run_contexts_part, evict_paths=run_evict_paths_part,
+             coordinator=run_coordinator_part)
+
+# %% ../nbs/12_speed.ipynb #b5e0a022
+def run_all(quick:bool=False, # the quick settings instead of the full ones
+            overrides:dict|None=None, # settings to change
+            log=print, checkpoint=None, # checkpoint(run) after each part
+            parts=tuple(PARTS))->SpeedRun: # the parts to run, by name
+    "Run the benchmark parts; a `SpeedRun` with the machine, the settings, every sample and the medians."
+    cfg = {**(QUICK if quick else FULL), **(overrides or {})}
+    cfg["decode_kinds"] = list(cfg["decode_kinds"] or decode_kinds())
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown: raise ValueError(f"unknown parts {unknown}; the parts are {list(PARTS)}")
+    t0 = time.perf_counter()
+    run = SpeedRun(machine_info(), dict(cfg, quick=quick, parts=list(parts)))
+    if not real_gemma_available():
+        run.notes.append("real Gemma 3 270M not converted on this machine: random-weight models only")
+    for p in parts:
+        PARTS[p](run, cfg, log)
+        if checkpoint is not None: checkpoint(run)
+    run.elapsed_s = time.perf_counter() - t0
+    return run
 
 # %% ../nbs/12_speed.ipynb #425264ea
-def format_table(res:dict)->str:
-    "The medians and ratios of a `run_all` result as a plain-text table."
-    L = [f"machine: {res['machine']['cpu_count']} CPUs, {res['machine']['device']}, {res['machine']['blas']}"]
-    L.append("1. decode at budget b (median of rounds; ratio = step time / plain, per round, median)")
-    L.append(f"{'model':<14}{'cache':<9}{'b':>5}{'tok/s':>9}{'ms/step':>9}{'ratio':>7}{'KV MiB':>8}")
-    for name, d in res["decode"].items():
-        for k, r in d["kinds"].items():
-            L.append(f"{name:<14}{k:<9}{d['budget']:>5}{r['tok_s']:>9.2f}{r['step_ms']:>9.1f}{r.get('ratio_vs_plain', 1.0):>7.3f}{r['kv_bytes'] / 2**20:>8.2f}")
-    for name, p in res.get("profile", {}).items():
-        L.append(f"   {name} per-layer ms: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items() if k != "n_layers") + f" (x{p['n_layers']} layers)")
-    c = res["contexts"]
-    L.append(f"2/3. contexts, model {c.get('model')}, budget {c['budget']}, prefill chunks {c['prefill_step']}")
-    L.append(f"{'len':>6} {'cache':<6}{'prefill s':>10}{'ratio':>7}{'dec tok/s':>10}{'speedup':>8}{'KV MiB':>8}{'peak MiB':>9}")
-    for row in c["rows"]:
-        for k, r in row["kinds"].items():
-            L.append(f"{row['length']:>6} {k:<6}{r['prefill_med_s']:>10.2f}{r.get('prefill_ratio_vs_plain', 1.0):>7.3f}"
-                     f"{r['decode_tok_s']:>10.2f}{r.get('decode_speedup_vs_plain', 1.0):>8.2f}{r['kv_bytes'] / 2**20:>8.2f}{r['peak_bytes'] / 2**20:>9.0f}")
-    L.append("3b. one layer's eviction over the prompt: batched vs sequential reference")
-    for r in res["evict_paths"]:
-        ref = f", reference {r['reference_med_s']:.2f} s ({r['reference_over_batched']:.0f}x)" if "reference_med_s" in r else ""
-        L.append(f"   len {r['length']}: batched {r['batched_med_s'] * 1e3:.1f} ms{ref}")
-    co = res["coordinator"]
-    L.append(f"4. squeeze prefill {co['length']} tokens: {co['prefill_med_s']:.2f} s; concentration {co['concentration_share'] * 100:.2f}%, "
-             f"re-budget {co['rebudget_share'] * 100:.2f}%, total {co['total_share'] * 100:.2f}% "
-             f"(concentration over all keys {co['concentration_all_keys_share'] * 100:.2f}%)")
+def format_decode(run:SpeedRun)->str:
+    "Part 1 as text: per model and kind, tok/s, ms per step, the step-time ratio to plain and the KV bytes."
+    if not run.decode: return ""
+    w = max(len(k) for d in run.decode.values() for k in d.kinds) + 2
+    L = ["1. decode at budget b (median of rounds; ratio = step time / plain, per round, median)",
+         f"{'model':<14}{'cache':<{w}}{'b':>5}{'tok/s':>9}{'ms/step':>9}{'ratio':>7}{'KV MiB':>8}"]
+    for name, d in run.decode.items():
+        for k, r in d.kinds.items():
+            ratio = 1.0 if r.ratio_vs_plain is None else r.ratio_vs_plain
+            L.append(f"{name:<14}{k:<{w}}{d.budget:>5}{r.tok_s:>9.2f}{r.step_ms:>9.1f}{ratio:>7.3f}"
+                     f"{r.kv_bytes / 2**20:>8.2f}")
     return "\n".join(L)
 
+# %% ../nbs/12_speed.ipynb #b6e0a002
+def format_profile(run:SpeedRun)->str:
+    "Part 1's eviction profile as text: ms per layer of each part, per decode model."
+    lines = []
+    for name, p in run.profile.items():
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in asdict(p).items() if k != "n_layers")
+        lines.append(f"   {name} per-layer ms: {parts} (x{p.n_layers} layers)")
+    return "\n".join(lines)
+
+# %% ../nbs/12_speed.ipynb #b6e0a004
+def format_contexts(run:SpeedRun)->str:
+    "Parts 2 and 3 as text: per prompt length and kind, prefill, decode, KV bytes and peak memory."
+    c = run.contexts
+    if c is None: return ""
+    L = [f"2/3. contexts, model {c.model}, budget {c.budget}, prefill chunks {c.prefill_step}",
+         f"{'len':>6} {'cache':<6}{'prefill s':>10}{'ratio':>7}{'dec tok/s':>10}{'speedup':>8}{'KV MiB':>8}"
+         f"{'peak MiB':>9}"]
+    for row in c.rows:
+        for k, r in row.kinds.items():
+            ratio, speedup = r.prefill_ratio_vs_plain or 1.0, r.decode_speedup_vs_plain or 1.0
+            L.append(f"{row.length:>6} {k:<6}{r.prefill_med_s:>10.2f}{ratio:>7.3f}{r.decode_tok_s:>10.2f}"
+                     f"{speedup:>8.2f}{r.kv_bytes / 2**20:>8.2f}{r.peak_bytes / 2**20:>9.0f}")
+    return "\n".join(L)
+
+# %% ../nbs/12_speed.ipynb #b6e0a006
+def format_evict_paths(run:SpeedRun)->str:
+    "Part 3b as text: one layer's eviction over the prompt, batched vs the sequential reference."
+    if not run.evict_paths: return ""
+    L = ["3b. one layer's eviction over the prompt: batched vs sequential reference"]
+    for r in run.evict_paths:
+        ref = f", reference {r.reference_med_s:.2f} s ({r.reference_over_batched:.0f}x)" if r.reference_s else ""
+        L.append(f"   len {r.length}: batched {r.batched_med_s * 1e3:.1f} ms{ref}")
+    return "\n".join(L)
+
+# %% ../nbs/12_speed.ipynb #b6e0a008
+def format_coordinator(run:SpeedRun)->str:
+    "Part 4 as text: the shares of the SqueezeAttention prefill its signals and re-budget take."
+    co = run.coordinator
+    if co is None: return ""
+    pct = lambda x: f"{100 * x:.2f}%"
+    cos = f"hidden cosine {pct(co.hidden_cosine_share)}, " if co.hidden_cosine_s and any(co.hidden_cosine_s) else ""
+    return (f"4. {co.label or 'squeeze'} prefill {co.length} tokens: {co.prefill_med_s:.2f} s; concentration "
+            f"{pct(co.concentration_share)}, {cos}re-budget {pct(co.rebudget_share)}, total {pct(co.total_share)} "
+            f"(concentration over all keys {pct(co.concentration_all_keys_share)})")
+
+# %% ../nbs/12_speed.ipynb #b6e0a010
+def format_table(run:SpeedRun)->str:
+    "The medians and ratios of a run as a plain-text table: the machine, then each part that was run."
+    m = run.machine
+    sections = [format_decode(run), format_profile(run), format_contexts(run), format_evict_paths(run),
+                format_coordinator(run)]
+    return "\n".join([f"machine: {m['cpu_count']} CPUs, {m['device']}, {m['blas']}"] + [s for s in sections if s])
+
 # %% ../nbs/12_speed.ipynb #2dc76fc4
-def plot_results(res:dict, save_dir:str|None=None)->list:
-    "Matplotlib figures of a `run_all` result: decode overhead, context sweep, prefill cost; saved as speed_*.png if `save_dir`."
+def plot_decode(run:SpeedRun):
+    "Bars of decode tok/s per model and kind, each labelled with its step-time ratio to plain."
+    import matplotlib.pyplot as plt
+    names = list(run.decode)
+    kinds = list(dict.fromkeys(k for d in run.decode.values() for k in d.kinds))
+    w, many = 0.8 / len(kinds), len(kinds) > 4
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.35 * len(names) * len(kinds)), 3.5))
+    for j, k in enumerate(kinds):
+        rs = [run.decode[n].kinds.get(k) for n in names]
+        xs = [i + w * (j - (len(kinds) - 1) / 2) for i in range(len(names))]
+        bars = ax.bar(xs, [r.tok_s if r else 0 for r in rs], w, label=k)
+        for r, b in zip(rs, bars):
+            if r is None or r.ratio_vs_plain is None: continue
+            ax.annotate(f"{r.ratio_vs_plain:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
+                        va="bottom", fontsize=6 if many else 8, rotation=90 if many else 0)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"Decode at {next(iter(run.decode.values())).budget} held tokens (label: step time vs plain)")
+    ax.legend(fontsize=7 if many else 10, ncol=2 if many else 1)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/12_speed.ipynb #b7e0a002
+def plot_contexts(run:SpeedRun):
+    "Decode tok/s (left) and KV bytes and peak memory (right) against context length, per kind."
+    import matplotlib.pyplot as plt
+    c = run.contexts
+    Ls, kinds = [r.length for r in c.rows], list(c.rows[0].kinds)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for k in kinds:
+        a1.plot(Ls, [r.kinds[k].decode_tok_s for r in c.rows], "o-", label=k)
+        a2.plot(Ls, [r.kinds[k].kv_bytes / 2**20 for r in c.rows], "o-", label=f"{k} KV bytes")
+        a2.plot(Ls, [r.kinds[k].peak_bytes / 2**20 for r in c.rows], "x--", label=f"{k} peak memory")
+    for a, t in ((a1, "decode tokens/s"), (a2, "MiB")):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("context tokens")
+        a.set_ylabel(t)
+        a.legend(fontsize=8)
+    a1.set_title(f"Decode speed, full cache vs budget {c.budget} ({c.model})")
+    a2.set_title("Memory")
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/12_speed.ipynb #b7e0a004
+def plot_prefill(run:SpeedRun):
+    "Prefill seconds against prompt length per kind, each evicting kind's point labelled with its ratio to plain."
+    import matplotlib.pyplot as plt
+    c = run.contexts
+    Ls, kinds = [r.length for r in c.rows], list(c.rows[0].kinds)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for k in kinds:
+        ax.plot(Ls, [r.kinds[k].prefill_med_s for r in c.rows], "o-", label=f"{k} prefill")
+        for r in c.rows:
+            x = r.kinds[k]
+            if x.prefill_ratio_vs_plain is not None:
+                ax.annotate(f"{x.prefill_ratio_vs_plain:.2f}x", (r.length, x.prefill_med_s), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("seconds")
+    evicting = ", ".join(k for k in kinds if k != "plain")
+    ax.set_title(f"Prefill in chunks of {c.prefill_step}: {evicting} (budget {c.budget}) vs plain")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/12_speed.ipynb #b7e0a006
+def plot_results(run:SpeedRun, save_dir:str|None=None)->list: # save_dir: write the figures there as speed_*.png
+    "The figures of the parts `run` holds: decode, contexts, prefill."
     import matplotlib
     if save_dir is not None: matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     figs = []
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names, kinds = list(res["decode"]), ["plain", "h2o", "squeeze"]
-    for j, k in enumerate(kinds):
-        vals = [res["decode"][n]["kinds"].get(k, {}).get("tok_s", 0) for n in names]
-        bars = ax.bar([i + 0.27 * (j - 1) for i in range(len(names))], vals, 0.27, label=k)
-        for n, b in zip(names, bars):
-            r = res["decode"][n]["kinds"].get(k, {}).get("ratio_vs_plain")
-            if r: ax.annotate(f"{r:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(names)), names); ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"Decode at {next(iter(res['decode'].values()))['budget'] if res['decode'] else '?'} held tokens (label: step time vs plain)")
-    ax.legend(); fig.tight_layout(); figs.append(("speed_decode", fig))
-    c = res["contexts"]; Ls = [r["length"] for r in c["rows"]]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for k in ("plain", "h2o"):
-        a1.plot(Ls, [r["kinds"][k]["decode_tok_s"] for r in c["rows"]], "o-", label=k)
-        a2.plot(Ls, [r["kinds"][k]["kv_bytes"] / 2**20 for r in c["rows"]], "o-", label=f"{k} KV bytes")
-        a2.plot(Ls, [r["kinds"][k]["peak_bytes"] / 2**20 for r in c["rows"]], "x--", label=f"{k} peak memory")
-    for a, t in ((a1, "decode tokens/s"), (a2, "MiB")):
-        a.set_xscale("log", base=2); a.set_xlabel("context tokens"); a.set_ylabel(t); a.legend(fontsize=8)
-    a1.set_title(f"Decode speed, full cache vs budget {c['budget']} ({c.get('model')})"); a2.set_title("Memory")
-    fig.tight_layout(); figs.append(("speed_contexts", fig))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for k in ("plain", "h2o"):
-        ax.plot(Ls, [r["kinds"][k]["prefill_med_s"] for r in c["rows"]], "o-", label=f"{k} prefill")
-    for r in c["rows"]:
-        ax.annotate(f"{r['kinds']['h2o']['prefill_ratio_vs_plain']:.2f}x", (r["length"], r["kinds"]["h2o"]["prefill_med_s"]), fontsize=8)
-    ax.set_xscale("log", base=2); ax.set_yscale("log"); ax.set_xlabel("prompt tokens"); ax.set_ylabel("seconds")
-    ax.set_title(f"Prefill in chunks of {c['prefill_step']}: H2O (budget {c['budget']}) vs plain"); ax.legend()
-    fig.tight_layout(); figs.append(("speed_prefill", fig))
+    if run.decode: figs.append(("speed_decode", plot_decode(run)))
+    if run.contexts is not None: figs += [("speed_contexts", plot_contexts(run)), ("speed_prefill", plot_prefill(run))]
     if save_dir is not None:
         os.makedirs(save_dir, exist_ok=True)
         for name, f in figs: f.savefig(os.path.join(save_dir, name + ".png"), dpi=100)
     return [f for _, f in figs]
 
-# %% ../nbs/12_speed.ipynb #ef28d67f
-SCORE_KINDS = ("plain", "h2o[score=key_proxy]") + tuple(m for m, e in METHODS.items() if not e.baseline)
-
-def bench_scores(quick:bool=False, log=print)->dict:
-    "Decode overhead of each score source (proxy, real queries, SnapKV) vs the plain cache, per decode model."
-    cfg = QUICK if quick else FULL
-    res = dict(machine=machine_info(), settings=dict(budget=cfg["decode_budget"], steps=cfg["decode_steps"], rounds=cfg["decode_rounds"], quick=quick), decode={})
-    for name in cfg["decode_models"]:
-        if name == "gemma3_270m" and not real_gemma_available(): continue
-        log(f"[scores] {name}")
-        res["decode"][name] = bench_decode(build_model(name), cfg["decode_budget"], kinds=SCORE_KINDS, steps=cfg["decode_steps"], rounds=cfg["decode_rounds"])
-    return res
-
-def format_scores(res:dict)->str:
-    "The `bench_scores` medians as a table: tok/s and the ratio of step time to the plain cache."
-    kinds = [k for k in SCORE_KINDS if any(k in d["kinds"] for d in res["decode"].values())]
-    lines = [f"{'kind':<22}" + "".join(f"{name:>24}" for name in res["decode"])]
-    for k in kinds:
-        cells = []
-        for d in res["decode"].values():
-            r = d["kinds"].get(k)
-            ratio = f" ({r['ratio_vs_plain']:.2f}x)" if r and "ratio_vs_plain" in r else "        "
-            cells.append("-" if r is None else f"{r['tok_s']:6.2f} tok/s{ratio}")
-        lines.append(f"{k:<22}" + "".join(f"{c:>24}" for c in cells))
-    return "\n".join(lines)
+# %% ../nbs/12_speed.ipynb #b7e0a009
+def eprint(*args):
+    "Print to stderr, flushed: the benchmark's progress log."
+    print(*args, file=sys.stderr, flush=True)
 
 # %% ../nbs/12_speed.ipynb #4c3a6186
 def main(argv=None):
-    "Command line: `python scripts/bench_speed.py [--quick] [--out PATH]`."
+    "Command line: `python scripts/bench_speed.py [--quick] [--parts decode,...] [--set KEY=JSON] [--out PATH]`."
     import argparse
     ap = argparse.ArgumentParser(description="veloxquant_mlx speed and memory benchmarks")
-    ap.add_argument("--quick", action="store_true", help="small sizes, about two minutes")
+    ap.add_argument("--quick", action="store_true", help="small sizes, about a minute")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)} (default all)")
     ap.add_argument("--out", default=None, help="write the JSON here")
     ap.add_argument("--images", default=None, help="write the speed_*.png plots into this folder")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="override a setting, e.g. --set context_lengths=[512]")
-    ap.add_argument("--scores", action="store_true", help="only the decode overhead of each score source (bench_scores)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="override a setting, e.g. --set context_lengths=[512]")
     a = ap.parse_args(argv)
-    if a.scores:
-        res = bench_scores(a.quick, log=lambda *x: print(*x, file=sys.stderr, flush=True))
-        print(format_scores(res))
-        if a.out:
-            os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-            with open(a.out, "w") as f: json.dump(res, f, indent=1)
-        return res
     over = {k: json.loads(v) for k, v in (s.split("=", 1) for s in a.set)}
-    def write(r):
-        if not a.out: return
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out + ".partial" if "elapsed_s" not in r else a.out, "w") as f: json.dump(r, f, indent=1)
-    res = run_all(a.quick, over, log=lambda *x: print(*x, file=sys.stderr, flush=True), checkpoint=write)
-    print(format_table(res))
-    write(res)
-    if a.images: plot_results(res, a.images)
-    return res
+    partial = None if a.out is None else a.out + ".partial"
+    run = run_all(a.quick, over, log=eprint, checkpoint=partial and (lambda r: r.save(partial)),
+                  parts=tuple(p for p in a.parts.split(",") if p))
+    print(format_table(run))
+    if a.out is not None:
+        run.save(a.out)
+        os.remove(partial)
+    if a.images is not None: plot_results(run, a.images)
+    return run

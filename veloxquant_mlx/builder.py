@@ -10,19 +10,23 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 import veloxquant_mlx.cache as _cache_module
 from .cache import EvictingCache, install_attention_hook, COMPRESS
-from .coordinator import SqueezeCoordinator
+from .coordinator import Uniform, KVFraction, WindowSplit
 from .methods import METHODS, SCORE, SIGNAL
 from .policies import _check_int
+from .allocators import _check_real
+from .storage import make_storage, check_kv_format, bf16_nbytes
 
 # %% auto #0
-__all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'KVCacheConfig', 'KVCacheFactory', 'install_hidden_signal_hooks',
-           'remove_hidden_signal_hooks', 'KVCacheBuilder', 'coordinator_of', 'cache_summary', 'tiny_model',
-           'prompt_logits', 'greedy', 'record_attention']
+__all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'RECOMMENDED', 'KVCacheConfig', 'recommended_config',
+           'KVCacheFactory', 'install_hidden_signal_hooks', 'remove_hidden_signal_hooks', 'KVCacheBuilder',
+           'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits', 'greedy',
+           'record_attention']
 
 # %% ../nbs/05_builder.ipynb #33749bd8
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
-_SHARED = ("n_recent", "compress", "slack", "head_dim")  # for_method keywords that are fields, not method parameters
+_SHARED = ("n_recent", "compress", "slack", "kv_fraction", "window_budget", "window_method", "head_dim", "kv_bits",
+           "kv_group_size", "kv_scheme")  # for_method keywords that are fields, not method parameters
 
 @dataclass
 class KVCacheConfig:
@@ -31,10 +35,16 @@ class KVCacheConfig:
     budget:int|None = None # average tokens kept per attention layer (the full cache needs none)
     n_sink:int = 4 # never-evicted prefix (the attention sinks)
     n_recent:int = 0 # newest tokens every layer protects (H2O's local window; 0 = the method documents' rule)
-    compress:str = "chunk" # when layers choose: "chunk" (after every forward pass) or "prompt_end" (once it is read)
+    compress:str = "prompt_end" # when layers choose: once the prompt is read, or "chunk": after every forward pass
     slack:int = 0 # a choice keeps `budget - slack` tokens; the next `slack` (an answer being copied) evict nothing
+    kv_fraction:float|None = None # instead of `budget`: keep this share of the full cache's token slots (prompt_end)
+    window_budget:int|None = None # tokens per sliding-window layer; the global layers share the rest
+    window_method:str|None = None # the method whose policy the sliding-window layers use (None: the same)
     params:dict = field(default_factory=dict) # the method's own parameters; missing ones take their defaults
     head_dim:int|None = None # optional: checked against the model's head_dim
+    kv_bits:int|None = None # bits per stored key/value element: None (the model's dtype), 8, 4 or 2
+    kv_group_size:int = 64 # elements sharing one scale and bias (32, 64 or 128)
+    kv_scheme:str = "group" # "group" (mlx-lm's layout), "kivi" (per-channel keys, residual); "mlx": mlx-lm's cache
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -45,7 +55,10 @@ class KVCacheConfig:
             raise ValueError(f"`compress` must be one of {COMPRESS}, got {self.compress!r}")
         if self.head_dim is not None: _check_int("head_dim", self.head_dim, 1)
         _check_int("n_sink", self.n_sink, 0)
-        if self.method == "full": return
+        self._check_kv()
+        if not self.entry.budgeted: return
+        self._check_split()
+        if self.kv_fraction is not None: return self._check_fraction()
         if self.budget is None: raise ValueError(f"`budget` is required for method {self.method!r}")
         _check_int("budget", self.budget, self.n_sink + 1)
         hi = self.budget - self.n_sink - 1
@@ -56,6 +69,47 @@ class KVCacheConfig:
         self.schedule                                                           # validates the schedule's parameters
         policy = self.policy if "obs_window" in given else self.policy.fitted(self.budget, self.n_sink)  # defaults fit
         EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent, slack=self.slack)  # validates
+
+    def _check_split(self):
+        "The windowed layers' own budget and method, if given, must make sense."
+        if self.window_budget is not None: _check_int("window_budget", self.window_budget, self.n_sink + 1)
+        wm = self.window_method
+        ok = tuple(m for m, e in METHODS.items() if not e.baseline and e.preset != "SqueezeAttentionCache")
+        if wm is not None and wm not in ok:
+            raise ValueError(f"`window_method` must be one of {ok}, got {wm!r}")
+        if (self.window_budget is not None or self.kv_fraction is not None) and not self.entry.baseline \
+                and not isinstance(self.entry.schedule(self.params), Uniform):
+            raise ValueError(f"`kv_fraction` and `window_budget` share budgets their own way: method {self.method!r} "
+                             "has its own schedule; use a method with a uniform schedule")
+
+    def _check_fraction(self):
+        "A budget given as a share of the full cache: set when the prompt's length is known."
+        _check_real("kv_fraction", self.kv_fraction, 0.0, 1.0)
+        if self.kv_fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
+        if self.budget is not None:
+            raise ValueError(f"give `budget` (tokens per layer) or `kv_fraction`, not both (got {self.budget} and "
+                             f"{self.kv_fraction})")
+        if self.compress != "prompt_end" and not self.entry.baseline:
+            raise ValueError("`kv_fraction` sets the budgets from the prompt's length, known at its end: it needs "
+                             f"compress='prompt_end', got {self.compress!r}")
+        _check_int("n_recent", self.n_recent, 0)
+        if not self.entry.baseline: self.policy
+
+    def _check_kv(self):
+        "The storage format, and whether this method can use it (mlx-lm's caches quantize only group-wise)."
+        mlx = self.kv_scheme == "mlx"
+        if mlx and "mlx" not in self.entry.kv_storage:
+            raise ValueError(f"`kv_scheme`='mlx' (mlx-lm's own QuantizedKVCache, which cannot evict) is for method "
+                             f"'full' only, got method {self.method!r}; its layout is kv_scheme='group'")
+        check_kv_format(self.kv_bits, self.kv_group_size, "group" if mlx else self.kv_scheme, self.head_dim)
+        if self.kv_bits is not None and self.entry.kv_storage == "none":
+            raise ValueError(f"method {self.method!r} keeps mlx-lm's float caches (`kv_bits`={self.kv_bits}): "
+                             "mlx-lm cannot quantize RotatingKVCache; 'streamingllm' is the same policy in this "
+                             "library's cache")
+
+    def storage(self):
+        "A fresh storage for one layer: the model's dtype, or `kv_bits` in `kv_scheme`."
+        return make_storage(self.kv_bits, self.kv_group_size, self.kv_scheme)
 
     def __getattr__(self, name):
         "The method's parameters read as attributes (`config.beta`)."
@@ -75,15 +129,27 @@ class KVCacheConfig:
 
     @property
     def schedule(self):
-        "This method's schedule (None for a baseline)."
-        return None if self.entry.baseline else self.entry.schedule(self.params)
+        "The schedule: the method's own, or `kv_fraction` / `window_budget`'s split (None for a baseline)."
+        if self.entry.baseline: return None
+        if self.kv_fraction is not None: return KVFraction(self.kv_fraction, self.window_budget)
+        if self.window_budget is not None: return WindowSplit(self.window_budget)
+        return self.entry.schedule(self.params)
+
+    @property
+    def window_policy(self):
+        "The policy of the sliding-window layers (the method's own unless `window_method` names another)."
+        if self.window_method is None: return self.policy
+        m = METHODS[self.window_method]
+        return m.policy(m.resolve({}))
 
     @property
     def label(self)->str:
         "A short name for tables: the method and its parameters that differ from the defaults."
         defaults = self.entry.resolve({})
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
-        shared = (("n_recent", 0), ("compress", "chunk"), ("slack", 0))
+        shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None),
+                  ("window_budget", None), ("window_method", None), ("kv_bits", None), ("kv_group_size", 64),
+                  ("kv_scheme", "group"))
         diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 
@@ -94,7 +160,9 @@ class KVCacheConfig:
         "The configuration a `label` names (parameters parsed by their declared types)."
         name, _, rest = label.partition("[")
         if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
-        types = {p.name: p.type for p in METHODS[name].params} | {"n_recent": int, "compress": str, "slack": int}
+        shared = dict(n_recent=int, compress=str, slack=int, kv_fraction=float, window_budget=int, window_method=str,
+                      kv_bits=int, kv_group_size=int, kv_scheme=str)
+        types = {p.name: p.type for p in METHODS[name].params} | shared
         kwargs = {}
         for part in filter(None, rest.rstrip("]").split(",")):
             k, _, v = part.partition("=")
@@ -110,10 +178,28 @@ class KVCacheConfig:
     def for_method(cls, method:str, # a registered method
                    budget:int|None=None, # average tokens per layer
                    n_sink:int=4, # never-evicted prefix
-                   **kwargs): # `n_recent`, `compress`, `head_dim`, and the method's own parameters
+                   **kwargs): # `n_recent`, `compress`, `slack`, `head_dim`, `kv_*`, and the method's own parameters
         "Short form: `KVCacheConfig.for_method('pyramidkv', 128, beta=2.0)`."
         shared = {k: kwargs.pop(k) for k in _SHARED if k in kwargs}
         return cls(method=method, budget=budget, n_sink=n_sink, params=kwargs, **shared)
+
+# %% ../nbs/05_builder.ipynb #a8059f98
+DEFAULT_FRACTION = 0.25  # the share of the full cache kept when neither a fraction nor a budget is given
+RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", window_budget=32, slack=8,
+                   params=dict(chunk=16))  # measured: notebook 11 (pass key and perplexity, two prompt families)
+
+def recommended_config(kv_fraction:float|None=None, # share of the full cache's token slots (default DEFAULT_FRACTION)
+                       budget:int|None=None, # or: average tokens per layer
+                       **overrides)->KVCacheConfig: # any KVCacheConfig field or method parameter
+    "The library's default configuration at `kv_fraction` (or `budget`), with `overrides`."
+    if kv_fraction is None and budget is None: kv_fraction = DEFAULT_FRACTION
+    fields = dict(RECOMMENDED, params=dict(RECOMMENDED["params"]))
+    method = overrides.pop("method", fields.pop("method"))
+    if method != RECOMMENDED["method"]: fields["params"] = {}
+    for k in list(overrides):
+        if k in KVCacheConfig.__dataclass_fields__: fields[k] = overrides.pop(k)
+    fields["params"].update(overrides)
+    return KVCacheConfig(method=method, budget=budget, kv_fraction=kv_fraction, **fields)
 
 # %% ../nbs/05_builder.ipynb #c9297109
 def _layer(cls, **kwargs)->EvictingCache:
@@ -124,13 +210,15 @@ def _layer(cls, **kwargs)->EvictingCache:
 
 def _layer_args(config:KVCacheConfig, budget:int|None, window:int|None)->dict:
     "The arguments every layer of `config` shares, fitted to a layer of `budget` tokens."
-    s, policy, r, slack = config.n_sink, config.policy, config.n_recent, config.slack
+    policy = config.policy if window is None else config.window_policy
+    s, r, slack = config.n_sink, config.n_recent, config.slack
     if budget is not None:
         policy, r = policy.fitted(budget, s), min(r, budget - s - 1)
         slack = max(0, min(slack, budget - s - max(r + 1, policy.obs_window)))
     if policy.needs_queries: install_attention_hook()             # real-query scores arrive through the hook
+    method = config.window_method if window is not None and config.window_method else config.method
     return dict(budget=budget, n_sink=s, window=window, policy=policy, recent=r, compress=config.compress, slack=slack,
-                method=config.method, info={"avg_budget": config.budget, **config.params})
+                method=method, info={"avg_budget": config.budget, **config.params}, storage=config.storage())
 
 def _layer_class(config:KVCacheConfig)->type:
     m = config.entry
@@ -145,6 +233,9 @@ class KVCacheFactory:
         if config.entry.baseline:
             raise ValueError(f"method {config.method!r} is a baseline that builds a whole model's caches: "
                              "use KVCacheBuilder.for_model")
+        if config.budget is None:
+            raise ValueError("KVCacheFactory.create needs `budget` in tokens: `kv_fraction` is shared among a model's "
+                             "layers by KVCacheBuilder.for_model")
         b = config.budget if window is None else min(config.budget, window)
         return _layer(_layer_class(config), measure=config.method == "squeeze", **_layer_args(config, b, window))
 
@@ -214,8 +305,9 @@ def install_hidden_signal_hooks(model, layer_ids=None):
                         blk, h = c._hidden_in
                         c._hidden_in = None
                         r = blk.post_attention_layernorm(out) if hasattr(blk, "pre_feedforward_layernorm") else out
-                        if hasattr(c, "report_hidden_rows"): c.report_hidden_rows(h, r, _hidden_cosine)  # a batch
-                        else: c.report_hidden(_hidden_cosine(h, r))
+                        import veloxquant_mlx.builder as package   # the package's copy, whichever copy patched
+                        if hasattr(c, "report_hidden_rows"): c.report_hidden_rows(h, r, package._hidden_cosine)
+                        else: c.report_hidden(package._hidden_cosine(h, r))     # one sequence
                     return out
             cls._veloxquant_orig_call = orig
             cls.__call__ = call
@@ -236,6 +328,9 @@ class KVCacheBuilder:
     def for_model(model:nn.Module, # an mlx-lm model
                   config:KVCacheConfig): # the method and its budget
         "The prompt cache to pass as `prompt_cache=` to `mlx_lm.generate` / `stream_generate`."
+        if config.kv_bits is not None:                                # groups along head_dim must divide it
+            scheme = "group" if config.kv_scheme == "mlx" else config.kv_scheme
+            check_kv_format(config.kv_bits, config.kv_group_size, scheme, _model_head_dim(model))
         if config.entry.baseline: return config.entry.build(model, config)
         base = _base_caches(model)
         slots = _attention_slots(base)
@@ -247,11 +342,12 @@ class KVCacheBuilder:
         if config.head_dim is not None and hd is not None and config.head_dim != hd:
             raise ValueError(f"`head_dim` is {config.head_dim} in the config but the model's is {hd}")
         plan = config.schedule.plan(len(slots), config.budget, config.n_sink, [w for _, w in slots])
-        co = plan if isinstance(plan, SqueezeCoordinator) else None
-        if co is not None and co.signal == "hidden_cosine": install_hidden_signal_hooks(model, [i for i, _ in slots])
+        co = None if isinstance(plan, list) else plan                      # a coordinator sets the budgets later
+        if getattr(co, "signal", None) == "hidden_cosine": install_hidden_signal_hooks(model, [i for i, _ in slots])
         budgets = [None] * len(slots) if co is not None else plan
-        cls, caches = _layer_class(config), list(base)
+        caches = list(base)
         for j, ((i, w), b) in enumerate(zip(slots, budgets)):
+            cls = EvictingCache if w is not None and config.window_method else _layer_class(config)
             caches[i] = _layer(cls, coordinator=co, layer_idx=j, **_layer_args(config, b, w))
         install_attention_hook()
         return caches
@@ -279,8 +375,16 @@ def cache_summary(caches)->list:
                          budget=getattr(c, "layer_budget", None), tokens_kept=kept, offset=getattr(c, "offset", None),
                          concentration=getattr(c, "concentration", None),
                          hidden_cosine=getattr(c, "hidden_cosine", None),
-                         window=getattr(c, "window", getattr(c, "max_size", None)), nbytes=nb))
+                         window=getattr(c, "window", getattr(c, "max_size", None)), nbytes=nb,
+                         nbytes_bf16=kv_nbytes_bf16(c) if nb is not None else None))
     return rows
+
+def kv_nbytes_bf16(cache)->int|None:
+    "KV bytes of any cache as held on Apple silicon: floating arrays at 2 bytes per element, packed integers as is."
+    nb = getattr(cache, "nbytes_bf16", None)
+    if nb is not None: return nb
+    if not hasattr(cache, "keys"): return None
+    return bf16_nbytes((cache.keys, cache.values))
 
 # %% ../nbs/05_builder.ipynb #2a7d99bc
 def tiny_model(arch:str="llama", # "llama", "qwen3" or "gemma3"

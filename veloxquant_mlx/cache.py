@@ -10,10 +10,11 @@ import mlx_lm.models.base as mlx_base
 import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import check_kv, decode_evict, visible, attention_with_mass, query_mass, proxy_mass
+from .h2o import check_kv, visible, proxy_mass, eviction_priority, scatter_slot
 from .policies import (Policy, View, KeyProxy, CumulativeAttention, ObservationWindow, make_policy,
                                      _check_int)
 from .proxy import layer_concentration
+from .storage import Storage, FloatStorage, storage_from_meta
 
 # %% auto #0
 __all__ = ['COMPRESS', 'SCORES', 'EvictingCache', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
@@ -43,7 +44,8 @@ class EvictingCache(_BaseCache):
                  layer_idx:int=0, # this layer's index among the coordinated layers
                  method:str|None=None, # the registry name this layer was built for (reports and saved states)
                  measure:bool=False, # measure the first chunk's key concentration even without a coordinator
-                 info:dict|None=None): # facts about the layer's schedule to record (e.g. PyramidKV's beta)
+                 info:dict|None=None, # facts about the layer's schedule to record (e.g. PyramidKV's beta)
+                 storage:Storage|None=None): # how kept keys and values are held (default: the model's dtype)
         _check_int("n_sink", n_sink, 0)
         if window is not None: _check_int("window", window, 1)
         if compress not in COMPRESS: raise ValueError(f"`compress` must be one of {COMPRESS}, got {compress!r}")
@@ -53,8 +55,12 @@ class EvictingCache(_BaseCache):
         self.recent = self._recent_asked = _check_int("recent", recent, 0)
         self.slack = self._slack_asked = _check_int("slack", slack, 0)
         self.method = method or type(self).method or policy.name
-        self.layer_idx, self.coordinator, self._measure = layer_idx, coordinator, measure or coordinator is not None
+        self.layer_idx, self.coordinator = layer_idx, coordinator
+        self._measure = measure or getattr(coordinator, "signal", None) is not None   # a schedule measuring the prompt
         self.info = dict(info or {})
+        if storage is not None and not isinstance(storage, Storage):
+            raise TypeError(f"`storage` must be a Storage, got {type(storage).__name__}")
+        self.store = storage if storage is not None else FloatStorage()
         self.budget = None
         if budget is not None: self._set_budget(budget)
         self.reset()
@@ -86,9 +92,9 @@ class EvictingCache(_BaseCache):
 
     def empty(self):
         "True before the first token."
-        return self.keys is None
+        return self.store.empty()
 
-# %% ../nbs/03_cache.ipynb #405e6f56
+# %% ../nbs/03_cache.ipynb #f3cca9eb
 @patch
 def _set_budget(self:EvictingCache, budget:int):
     "Validate and adopt `budget` as given (the recent tokens and the observation window must fit beside the sinks)."
@@ -115,9 +121,11 @@ def adopt_budget(self:EvictingCache, budget:int):
 @patch
 def reset(self:EvictingCache, **budget):
     "Forget the prompt: empty the layer (a new prompt starts at position 0); `budget=` also sets a new budget."
-    self.keys = self.values = self.positions = self.scores = None
+    self.positions = self.scores = None
+    self.store.reset()
     self.offset, self.count, self.evicted, self.prompt_done = 0, 0, False, False
     self._attn_pos, self._pending, self._prompt_end, self._obs_q = None, False, False, None
+    self._contiguous = True                             # held positions still a contiguous run (nothing chosen)
     self.concentration = self.hidden_cosine = None
     if "budget" in budget:
         b = budget.pop("budget")
@@ -125,21 +133,65 @@ def reset(self:EvictingCache, **budget):
         else: self.adopt_budget(b)
     if budget: raise TypeError(f"reset() takes only `budget=`, got {sorted(budget)}")
 
+# %% ../nbs/03_cache.ipynb #5a0e7c02
+@patch(as_prop=True)
+def keys(self:EvictingCache):
+    "The stored keys: the float buffer, or a quantized storage's arrays (a tuple); None when empty."
+    return None if self.store.empty() else self.store.arrays()[0]
+
+@patch(as_prop=True)
+def values(self:EvictingCache):
+    "The stored values, as `keys`."
+    return None if self.store.empty() else self.store.arrays()[1]
+
+@patch
+def _settle(self:EvictingCache):
+    "The forward pass is over and the layer has chosen: the storage stores what is held in its lasting form."
+    if not self.deferring: self.store.settle()
+
+@patch
+def _key_mass(self:EvictingCache, query_keys, qpos):
+    "Key-as-query mass `query_keys` `[B, H, Q, D]` at positions `qpos` give every slot (the proxy policy's score)."
+    if not self.store.quantized: return proxy_mass(self.store.keys, self.positions, query_keys, qpos, self.window)
+    keys = self.store.view(self.count)[0]
+    scale = 1.0 / math.sqrt(query_keys.shape[-1])
+    mass = self.store.query_mass(query_keys, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
+    return self._add_scores(self.scores, mass)
+
+@patch
+def _observe_keys(self:EvictingCache, scores, new_keys, new_pos):
+    "The policy's running score after `new_keys` arrive (on quantized storage the proxy reads the stored form)."
+    if not self.store.quantized:
+        return self.policy.observe_keys(scores, self.store.keys, self.positions, new_keys, new_pos, self.window)
+    if isinstance(self.policy, KeyProxy): return scores + self._key_mass(new_keys, new_pos)
+    return self.policy.observe_keys(scores, self.store.view(self.count)[0], self.positions, new_keys, new_pos,
+                                    self.window)
+
+@patch
+def _check_hook(self:EvictingCache):
+    "Quantized storage is attended through the hook: refuse clearly when a model would bypass it."
+    if _model_modules() and not hook_installed():
+        raise RuntimeError("quantized KV storage needs the attention hook (attention runs on the packed form): "
+                           "install it with veloxquant_mlx.cache.install_attention_hook() (KVCacheBuilder.for_model "
+                           "does)")
+
 # %% ../nbs/03_cache.ipynb #83f81e5f
 @patch
 def _check_incoming(self:EvictingCache, keys, values):
     "Clear errors for keys/values of the wrong rank, dtype or shape (before they reach a matmul)."
     check_kv(keys, values)
-    if self.keys is not None:
-        for nm, new, old in (("keys", keys, self.keys), ("values", values, self.values)):
-            if new.shape[:2] != old.shape[:2] or new.shape[3] != old.shape[3]:
+    dims = self.store.dims
+    if dims is not None:
+        for nm, new, d in (("keys", keys, dims[2]), ("values", values, dims[3])):
+            if tuple(new.shape[:2]) != tuple(dims[:2]) or new.shape[3] != d:
                 raise ValueError(f"`{nm}` of shape {tuple(new.shape)} does not match the cache's "
-                                 f"[B, n_kv_heads, *, head_dim] = {tuple(old.shape[:2])}, {old.shape[3]}")
+                                 f"[B, n_kv_heads, *, head_dim] = {tuple(dims[:2])}, {d}")
 
 @patch
 def update_and_fetch(self:EvictingCache, keys, values):
     "Store the incoming `[B, n_kv_heads, S, head_dim]` keys/values; return what this forward pass attends over."
     self._check_incoming(keys, values)
+    if self.store.quantized and self.store.empty(): self._check_hook()
     if self._pending:
         raise RuntimeError(f"policy {self.policy.name!r} needs the attention hook to score and trim after attention: "
                            "install it with veloxquant_mlx.cache.install_attention_hook() "
@@ -149,7 +201,7 @@ def update_and_fetch(self:EvictingCache, keys, values):
     self._prompt_end = self.deferring and N == 1          # the first one-token pass ends a prompt
     if self._prompt_end: self._end_of_prompt(start + 1)
     self.offset += N
-    if N == 1 and self.keys is not None:
+    if N == 1 and not self.store.empty():
         if self.budget is None or self.count < self.budget: return self._update_in_place(keys, values, start)
         if not self._prompt_end and not self.policy.evict_after: return self._update_evict_slot(keys, values, start)
     return self._update_concat(keys, values, start)
@@ -167,15 +219,14 @@ def _before_update(self:EvictingCache, keys):
 @patch
 def _grow(self:EvictingCache, n_new:int):
     "Make room for `n_new` more tokens in place (steps of `step`, never beyond the budget)."
-    need, cap = self.count + n_new, self.keys.shape[2]
+    need, cap = self.count + n_new, self.positions.shape[2]
     if need <= cap: return
     new_cap = self.step * math.ceil(need / self.step)
     if self.budget is not None: new_cap = min(max(new_cap, need), self.budget)
-    B, H, _, D = self.keys.shape
+    B, H = self.positions.shape[:2]
     def pad(a, fill, dt, *tail):
         return mx.concatenate([a[:, :, :self.count], mx.full((B, H, new_cap - self.count, *tail), fill, dt)], axis=2)
-    self.keys = pad(self.keys, 0, self.keys.dtype, D)
-    self.values = pad(self.values, 0, self.values.dtype, self.values.shape[3])
+    self.store.grow(self.count, new_cap)
     self.positions = pad(self.positions, _EMPTY_POS, mx.int32)
     self.scores = pad(self.scores, 0, mx.float32)
 
@@ -184,55 +235,64 @@ def _update_in_place(self:EvictingCache, keys, values, start:int):
     "One token and room left: write it at slot `count`; return the held tokens."
     self._grow(1)
     i = self.count
-    self.keys[:, :, i:i + 1] = keys
-    self.values[:, :, i:i + 1] = values
+    self.store.write(i, keys, values)
     self.positions[:, :, i:i + 1] = start
     self.scores[:, :, i:i + 1] = 0.0
     self.count += 1
-    self.scores = self.policy.observe_keys(self.scores, self.keys, self.positions, keys, mx.array([start]), self.window)
-    if self.count < self.keys.shape[2]:
-        self._attn_pos = self.positions[:, :, :self.count]
-        return self.keys[:, :, :self.count], self.values[:, :, :self.count]
-    self._attn_pos = self.positions
-    return self.keys, self.values
+    self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
+    self._attn_pos = self.positions[:, :, :self.count] if self.count < self.positions.shape[2] else self.positions
+    kv = self.store.view(self.count)
+    self._settle()
+    return kv
 
 @patch
 def _update_evict_slot(self:EvictingCache, keys, values, start:int):
     "One token and a full layer: the lowest-priority token's slot takes the newcomer; return the whole buffer."
     rank = self.policy.score(View(self.scores, self.positions, start))
-    self.keys, self.values, self.positions, self.scores = decode_evict(
-        self.keys, self.values, self.positions, self.scores, keys, values, start, self.n_sink, self.window,
-        proxy=False, recent=self.recent, rank=None if rank is self.scores else rank)
-    self.scores = self.policy.observe_keys(self.scores, self.keys, self.positions, keys, mx.array([start]), self.window)
-    self.evicted = True
+    victim = mx.argmin(eviction_priority(rank, self.positions, self.n_sink, start, self.window, self.recent), axis=-1)
+    order = self.store.replace(victim, keys, values)
+    new_pos, zero = mx.full(victim.shape + (1,), start, mx.int32), mx.zeros(victim.shape + (1,), mx.float32)
+    if order is None:                                    # the newcomer took the victim's slot
+        self.positions = scatter_slot(self.positions, victim, new_pos)
+        self.scores = scatter_slot(self.scores, victim, zero)
+    else:                                                # the storage moved tokens: positions and scores follow
+        follow = lambda a, new: mx.take_along_axis(mx.concatenate([a[:, :, :self.count], new], axis=2), order, axis=2)
+        self.positions, self.scores = follow(self.positions, new_pos), follow(self.scores, zero)
+    self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
+    self.evicted, self._contiguous = True, False
     self._attn_pos = self.positions
-    return self.keys, self.values
+    return self.store.view(self.count)
 
-# %% ../nbs/03_cache.ipynb #4ce79dc6
+# %% ../nbs/03_cache.ipynb #dde5fb2f
 @patch
 def _held(self:EvictingCache, start:int):
-    "The held (keys, values, positions, scores); a waiting windowed layer first drops what `start` cannot see."
-    if self.keys is None: return None
+    "The held (positions, scores), the storage cut to match; a windowed prompt_end layer drops what start can't see."
+    if self.store.empty(): return None
     drop = 0
-    if self.deferring and self.window is not None:       # nothing evicted yet: held positions are contiguous
+    if self.window is not None and self.compress == "prompt_end" and self._contiguous:   # positions start..start-count
         drop = max(0, self.count - (self.window - 1))
         if drop: self.evicted = True
-    return tuple(a[:, :, drop:self.count] for a in (self.keys, self.values, self.positions, self.scores))
+    order = self.store.drop_front(drop, self.count)
+    if order is None: return tuple(a[:, :, drop:self.count] for a in (self.positions, self.scores))
+    return tuple(mx.take_along_axis(a[:, :, :self.count], order, axis=2) for a in (self.positions, self.scores))
 
 @patch
 def _update_concat(self:EvictingCache, keys, values, start:int):
     "A chunk (or a token that must be judged after attention): return `held ++ chunk`; keep what the policy chooses."
     B, H, N, _ = keys.shape
     new_pos = mx.arange(start, start + N, dtype=mx.int32)
-    cand = [keys, values, mx.broadcast_to(new_pos, (B, H, N)), mx.zeros((B, H, N), mx.float32)]
+    cand = [mx.broadcast_to(new_pos, (B, H, N)), mx.zeros((B, H, N), mx.float32)]
     held = self._held(start)
     if held is not None: cand = [mx.concatenate([h, c], axis=2) for h, c in zip(held, cand)]
-    cand[3] = self.policy.observe_keys(cand[3], cand[0], cand[2], keys, new_pos, self.window)
-    self.keys, self.values, self.positions, self.scores = cand
-    self.count, self._attn_pos = cand[0].shape[2], cand[2]
+    self.store.append(keys, values)
+    self.positions, self.scores = cand
+    self.count, self._attn_pos = cand[0].shape[2], cand[0]
+    self.scores = self._observe_keys(self.scores, keys, new_pos)
+    kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
     elif self._select_due(): self._select(start + N)
-    return cand[0], cand[1]
+    if not self._pending: self._settle()
+    return kv
 
 @patch
 def _target(self:EvictingCache, decode:bool=False)->int:
@@ -250,10 +310,11 @@ def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     n = self._target(decode)
     view = View(self.scores[:, :, :self.count], self.positions[:, :, :self.count], next_pos)
     idx, s = self.policy.keep(view, n, self.n_sink, self.window, self.recent)
-    take = lambda a: mx.take_along_axis(a[:, :, :self.count], idx[..., None] if a.ndim == 4 else idx, axis=2)
-    self.keys, self.values, self.positions, self.scores = take(self.keys), take(self.values), take(self.positions), \
-        mx.take_along_axis(s, idx, axis=2)
-    self.count, self.evicted = n, True
+    order = self.store.keep(idx, self.count)             # the storage's slot order (the kept indices for floats)
+    self.positions = mx.take_along_axis(self.positions[:, :, :self.count], order, axis=2)
+    self.scores = mx.take_along_axis(s, order, axis=2)
+    self.count, self.evicted, self._contiguous = n, True, False
+    self._settle()
 
 @patch
 def _end_of_prompt(self:EvictingCache, n_tokens:int):
@@ -266,11 +327,12 @@ def _end_of_prompt(self:EvictingCache, n_tokens:int):
 @patch
 def end_prompt(self:EvictingCache):
     "End the prompt now: measure the observation window if the policy has one, and keep the budget."
-    if self.keys is None or not self.deferring: return
+    if self.store.empty() or not self.deferring: return
     self._end_of_prompt(self.offset)
     if self.policy.obs_window and self._obs_q is not None:
         q, qpos, scale = self._obs_q
-        obs = query_mass(q, self.keys[:, :, :self.count], self.positions[:, :, :self.count], qpos, scale, self.window)
+        keys = self.store.view(self.count)[0]
+        obs = self.store.query_mass(q, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
         self.scores = self.policy.observe_window(self.scores[:, :, :self.count], obs)
     elif self.policy.obs_window: raise RuntimeError("end_prompt(): no queries seen yet (the attention hook is needed)")
     if self._select_due(): self._select(self.offset)
@@ -334,8 +396,12 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
     "mlx-lm's fast attention with this layer's mask (a windowed layer's own, over its kept positions)."
     N = queries.shape[2]
+    if self.store.quantized:
+        if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
+        return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, self.window)
     if self.window is None: m = None if N == 1 else "causal"
-    else:                                                      # one token too: a held token may have left the window
+    elif N == 1 and self._contiguous and self.count <= self.window: m = None   # nothing evicted: all held visible
+    else:                                  # one token too: a token kept at a choice may since have left the window
         m = visible(self._attn_pos, qpos, self.window)                     # [B, H_kv, N, L]
         rep = queries.shape[1] // m.shape[1]
         if rep > 1: m = mx.repeat(m, rep, axis=1)
@@ -363,18 +429,20 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
         if sinks is not None:
             raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; "
                                       "use 'key_proxy'")
-        if output: out, mass = attention_with_mass(queries, keys, values, self._attn_pos, qpos, scale, self.window)
-        else: mass = query_mass(queries, keys, self._attn_pos, qpos, scale, self.window)
+        if output: out, mass = self.store.attention_with_mass(queries, keys, values, self._attn_pos, qpos, scale,
+                                                              self.window)
+        else: mass = self.store.query_mass(queries, keys, self._attn_pos, qpos, scale, self.window)
         self.scores = self.scores + self._add_scores(self.scores, mass)
     elif output: out = self._plain_attention(queries, keys, values, scale, sinks, qpos)
     if window_due:
         q, oqpos, _ = self._obs_q
-        obs = query_mass(q, keys, self._attn_pos, oqpos, scale, self.window)
+        obs = self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window)
         self.scores = p.observe_window(self.scores, self._add_scores(self.scores, obs))
     self._prompt_end = False
     if self._pending:
         self._pending = False
         if due: self._select(self.offset, decode)
+        self._settle()
     return out
 
 @patch
@@ -401,9 +469,10 @@ def _meta(self:EvictingCache)->dict:
     "Everything but the arrays, as a JSON-able dict."
     meta = {f: getattr(self, f) for f in _META_FIELDS}
     meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._recent_asked,
-                slack_asked=self._slack_asked,
+                slack_asked=self._slack_asked, contiguous=self._contiguous,
                 measure=self._measure, info=self.info)
     if self._obs_q is not None: meta.update(obs_qpos=self._obs_q[1].tolist(), obs_scale=self._obs_q[2])
+    if self.store.meta() is not None: meta.update(storage=self.store.meta())
     return meta
 
 @patch
@@ -418,6 +487,7 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     self._measure, self.info = meta["measure"], meta["info"]
     self.coordinator = None
     self._attn_pos, self._pending, self._prompt_end = None, False, False
+    self._contiguous = meta["contiguous"]
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
     self._check_meta()
 
@@ -430,15 +500,18 @@ def _check_meta(self:EvictingCache):
     if self.budget is not None: _check_int("budget", self.budget, self.n_sink + 1)
     if self.budget is not None and self.count > self.budget and not self.deferring:
         raise ValueError(f"state holds count={self.count} tokens, more than its budget={self.budget}")
-    held = 0 if self.keys is None else self.keys.shape[2]
+    held = self.store.slots
     if self.count > held: raise ValueError(f"state says count={self.count} but its keys hold {held} slots")
-    if self.keys is not None and len({self.values.shape[2], self.positions.shape[-1], self.scores.shape[-1], held}) > 1:
+    if self.store.quantized and self.store.scheme == "kivi" and self.count != held:
+        raise ValueError(f"state says count={self.count} but its KIVI storage holds {held} slots")
+    lengths = {*self.store.slot_lengths(), self.positions.shape[-1], self.scores.shape[-1]}
+    if not self.store.empty() and len(lengths) > 1:
         raise ValueError("state arrays disagree in length: keys, values, positions and scores must have one slot each")
 
 @patch(as_prop=True)
 def state(self:EvictingCache):
     "Keys, values, positions, scores (the observation queries while a prompt is read) and the metadata as JSON."
-    arrays = (self.keys, self.values, self.positions, self.scores)
+    arrays = (*self.store.state(), self.positions, self.scores)
     if self._obs_q is not None: arrays += (self._obs_q[0],)
     return (*arrays, json.dumps(self._meta()))
 
@@ -448,8 +521,11 @@ def state(self:EvictingCache, v):
     *arrays, meta = v
     if len(arrays) not in (4, 5) or not isinstance(meta, str):
         raise ValueError(f"a {type(self).__name__} state is 4 or 5 arrays and a JSON string, got {len(v)} items")
-    self.keys, self.values, self.positions, self.scores = arrays[:4]
-    self._set_meta(json.loads(meta), arrays[4] if len(arrays) == 5 else None)
+    meta = json.loads(meta)
+    self.store = storage_from_meta(meta.get("storage"))
+    if arrays[0] is not None: self.store.set_state(arrays[0], arrays[1], meta.get("storage"))
+    self.positions, self.scores = arrays[2:4]
+    self._set_meta(meta, arrays[4] if len(arrays) == 5 else None)
 
 @patch(as_prop=True)
 def meta_state(self:EvictingCache):
@@ -459,12 +535,17 @@ def meta_state(self:EvictingCache):
 @patch(as_prop=True)
 def nbytes(self:EvictingCache)->int:
     "Bytes of the stored keys and values (positions and scores are in `overhead_nbytes`)."
-    return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+    return self.store.nbytes
+
+@patch(as_prop=True)
+def nbytes_bf16(self:EvictingCache)->int:
+    "The same storage counted as held on Apple silicon: floating arrays at 2 bytes per element, packed data as is."
+    return self.store.nbytes_bf16
 
 @patch(as_prop=True)
 def overhead_nbytes(self:EvictingCache)->int:
     "Bytes of the bookkeeping: positions (int32) and scores (float32)."
-    return 0 if self.keys is None else self.positions.nbytes + self.scores.nbytes
+    return 0 if self.store.empty() else self.positions.nbytes + self.scores.nbytes
 
 # %% ../nbs/03_cache.ipynb #79be4f1b
 @patch
@@ -484,11 +565,11 @@ def trim(self:EvictingCache, n:int)->int:
     keep = self.count - n
     if isinstance(self.policy, KeyProxy) and keep:   # take back the mass the trimmed keys gave, as if they never came
         qpos = mx.arange(keep, self.count, dtype=mx.int32)
-        gone = self.keys[:, :, keep:self.count]
-        self.scores = self.scores - proxy_mass(self.keys, self.positions, gone, qpos, self.window)
+        self.scores = self.scores - self._key_mass(self.store.key_rows(keep, self.count), qpos)
     free = mx.arange(self.positions.shape[2]) >= keep
     self.positions = mx.where(free, _EMPTY_POS, self.positions)
     self.scores = mx.where(free, 0.0, self.scores)
+    self.store.truncate(keep)
     self.count -= n
     self.offset -= n
     return n

@@ -10,10 +10,10 @@ import argparse, json, os, re, sys, time
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'METHODS', 'CLIError', 'ByteTokenizer', 'load_cli_model', 'context_length', 'passkey_prompt',
-           'per_token_bytes', 'layer_report', 'RunOptions', 'method_config', 'encode_prompt', 'run_method',
-           'format_report', 'format_compare', 'method_params', 'build_parser', 'read_prompt', 'options_from_args',
-           'main']
+__all__ = ['TINY_ARCHS', 'METHODS', 'DEFAULT_BUDGET', 'CLIError', 'ByteTokenizer', 'load_cli_model', 'context_length',
+           'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'RunOptions', 'method_config',
+           'encode_prompt', 'run_method', 'format_report', 'format_compare', 'method_params', 'build_parser',
+           'read_prompt', 'options_from_args', 'main']
 
 # %% ../nbs/07_cli.ipynb #f49069b6
 class CLIError(Exception):
@@ -97,14 +97,24 @@ def passkey_prompt(n_tokens:int, # prompt length in tokens of `tokenizer` (BOS i
     return _HEAD + filler[:cut] + needle + filler[cut:] + _QUESTION
 
 # %% ../nbs/07_cli.ipynb #a68b3753
-def per_token_bytes(cache, model=None)->int|None:
-    "Bytes one token's key + value occupy in `cache` (from its buffers, else the model's config as float32)."
+def per_token_bytes(cache, model=None, # the cache, and the model whose config answers for packed caches
+                    bf16:bool=False)->int|None: # True: at 2 bytes per element
+    "Bytes one token's key + value occupy in a float cache (from its buffers, else the model's config as float32)."
     k = getattr(cache, "keys", None)
-    if k is not None and hasattr(k, "shape") and k.ndim == 4: return 2 * k.shape[1] * k.shape[3] * k.dtype.size
+    if k is not None and hasattr(k, "shape") and k.ndim == 4:
+        return 2 * k.shape[1] * k.shape[3] * (2 if bf16 else k.dtype.size)
     args = getattr(model, "args", None)
     if args is None: return None
     hd = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
-    return 2 * args.num_key_value_heads * hd * 4
+    return 2 * args.num_key_value_heads * hd * (2 if bf16 else 4)
+
+def held_nbytes(cache, kept:int, pt:int)->int:
+    "Bytes `kept` tokens take in `cache`'s own format (a float cache: `kept x pt`, the per-token bytes)."
+    store = getattr(cache, "store", None)
+    if store is not None: return store.nbytes_for(kept) if kept else 0
+    k = getattr(cache, "keys", None)
+    if isinstance(k, (tuple, list)) and k: return kept * cache.nbytes // k[0].shape[2]   # mlx-lm's QuantizedKVCache
+    return kept * pt
 
 def layer_report(caches, model=None)->list:
     "Per attention layer: `cache_summary` plus per-token bytes, the full-cache baseline and the exactness check."
@@ -116,14 +126,15 @@ def layer_report(caches, model=None)->list:
         full_tokens = r["offset"] if r["window"] is None else min(r["offset"], r["window"])
         budget = r["budget"]
         is_full = budget is not None and r["tokens_kept"] == budget
+        held = held_nbytes(c, r["tokens_kept"], pt)
         rows.append({**r, "per_token_bytes": pt, "full_nbytes": full_tokens * pt,
-                     "logical_nbytes": r["tokens_kept"] * pt,
-                     "exact": (r["nbytes"] == r["tokens_kept"] * pt) if is_full else None})
+                     "full_nbytes_bf16": full_tokens * per_token_bytes(c, model, bf16=True),
+                     "logical_nbytes": held, "exact": (r["nbytes"] == held) if is_full else None})
     return rows
 
 # %% ../nbs/07_cli.ipynb #6efe6040
 from .methods import METHODS as _REGISTRY
-METHODS = tuple(_REGISTRY)  # every registered method, baselines included, in registry order
+METHODS = tuple(_REGISTRY)  # the methods registered when the CLI was imported (the parser reads the registry itself)
 
 @dataclass
 class RunOptions:
@@ -132,21 +143,35 @@ class RunOptions:
     max_tokens:int = 64 # tokens to generate (greedy)
     prefill_step:int = 512 # prefill chunk size
 
-def method_config(method:str, # a registered method
-                  budget:int=128, # average tokens kept per attention layer
+DEFAULT_BUDGET = 128  # tokens per layer when neither --budget nor --kv-fraction is given to a named method
+
+def method_config(method:str, # a registered method, or "auto": the library's recommended configuration
+                  budget:int|None=None, # average tokens kept per attention layer
                   n_sink:int=4, # never-evicted prefix
                   recent:int=0, # newest tokens protected from eviction
                   params:dict|None=None, # the method's own parameters (the CLI options that were given)
-                  compress:str="chunk"): # when layers choose
+                  **shared): # `KVCacheConfig` fields given on the command line (compress, kv_fraction, kv_bits, ...)
     "The `KVCacheConfig` for command-line values, bad input raised as `CLIError`."
-    from veloxquant_mlx.builder import KVCacheConfig
-    if method not in METHODS: raise CLIError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    from veloxquant_mlx.builder import KVCacheConfig, recommended_config
+    shared = {k: v for k, v in shared.items() if v is not None}
+    if method != "auto" and method not in _REGISTRY:
+        raise CLIError(f"unknown method {method!r}; choose from auto, {', '.join(_REGISTRY)}")
     if n_sink < 0: raise CLIError(f"--n-sink must be at least 0, got {n_sink}")
-    if method != "full" and budget < n_sink + 1:
+    budgeted = method == "auto" or _REGISTRY[method].budgeted
+    if budget is not None and budget < n_sink + 1 and budgeted:
         raise CLIError(f"--budget {budget} is below the sink floor: it must be at least n_sink + 1 = {n_sink + 1}")
-    try: return KVCacheConfig.for_method(method, None if method == "full" else budget, n_sink, n_recent=recent,
-                                         compress=compress, **(params or {}))
-    except ValueError as e: raise CLIError(str(e)) from None
+    try:
+        if method == "auto": return recommended_config(shared.pop("kv_fraction", None), budget, n_sink=n_sink,
+                                                       n_recent=recent, **shared, **(params or {}))
+        if budget is None and "kv_fraction" not in shared and budgeted: budget = DEFAULT_BUDGET
+        if "kv_fraction" in shared and method not in ("full", "mlx-rotating"):
+            shared.setdefault("compress", "prompt_end")
+        return KVCacheConfig.for_method(method, budget if budgeted else None, n_sink, n_recent=recent,
+                                        **shared, **(params or {}))
+    except ValueError as e:
+        msg = str(e)
+        for f in ("kv_bits", "kv_group_size", "kv_scheme"): msg = msg.replace(f"`{f}`", "--" + f.replace("_", "-"))
+        raise CLIError(msg) from None
 
 # %% ../nbs/07_cli.ipynb #6142b57e
 def encode_prompt(tokenizer, prompt:str, model=None, chat:bool=False)->list:
@@ -186,12 +211,15 @@ def run_method(model, tokenizer, ids:list, o:RunOptions, on_text=None)->dict:
     wall = time.perf_counter() - t0
     layers = layer_report(caches, model)
     kv, full = sum(l["nbytes"] for l in layers), sum(l["full_nbytes"] for l in layers)
+    kv16, full16 = sum(l["nbytes_bf16"] for l in layers), sum(l["full_nbytes_bf16"] for l in layers)
     held = sum(l["logical_nbytes"] for l in layers)
     co = coordinator_of(caches)
     return dict(text="".join(text), method=cfg.method, label=cfg.label, params=cfg.params,
-                budget=None if cfg.method == "full" else cfg.budget, n_sink=cfg.n_sink, prompt_tokens=len(ids),
+                budget=cfg.budget if cfg.entry.budgeted else None, kv_fraction=cfg.kv_fraction, n_sink=cfg.n_sink,
+                prompt_tokens=len(ids), kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size, kv_scheme=cfg.kv_scheme,
                 generated_tokens=last.generation_tokens, layers=layers, kv_bytes=kv, kv_bytes_held=held,
-                full_kv_bytes=full, ratio=kv / full if full else None, prefill_tps=last.prompt_tps,
+                full_kv_bytes=full, ratio=kv / full if full else None, kv_bytes_bf16=kv16, full_kv_bytes_bf16=full16,
+                ratio_bf16=kv16 / full16 if full16 else None, prefill_tps=last.prompt_tps,
                 decode_tps=last.generation_tps if last.generation_tokens > 1 else None,  # one token is no rate
                 peak_memory=mx.get_peak_memory(), wall_s=wall,
                 squeeze_budgets=co.budgets if co is not None and co.resolved else None)
@@ -216,7 +244,8 @@ def format_report(res:dict)->str:
                    f"{l['logical_nbytes']:>8} {exact}")
     out += [f"KV bytes kept: {res['kv_bytes']} ({_mib(res['kv_bytes'])}; tokens held x per-token: "
             f"{res['kv_bytes_held']}) vs full cache {res['full_kv_bytes']} ({_mib(res['full_kv_bytes'])}): "
-            f"ratio {res['ratio']:.3f}",
+            f"ratio {res['ratio']:.3f}; at 2 bytes per float element (bf16, as on Apple silicon) "
+            f"{res['kv_bytes_bf16']} vs {res['full_kv_bytes_bf16']}: ratio_bf16 {res['ratio_bf16']:.3f}",
             "  (full cache = offset x per-token bytes per attention layer; mlx-lm sliding-window layers counted at "
             "min(offset, window))",
             "  (conc: key concentration, the proxy signal; hcos: hidden-state cosine around self-attention, the "
@@ -228,17 +257,18 @@ def format_report(res:dict)->str:
 # %% ../nbs/07_cli.ipynb #eecd776f
 def format_compare(results:list, width:int=48)->str:
     "A side-by-side table of several `run_method` results."
-    out = [f"{'method':<14} {'budget':>6} {'KV bytes':>12} {'held':>12} {'ratio':>6} {'prefill':>8} "
+    out = [f"{'method':<14} {'budget':>6} {'KV bytes':>12} {'held':>12} {'ratio':>6} {'bf16':>6} {'prefill':>8} "
            f"{'decode':>7}  answer"]
     for r in results:
         ans = " ".join(r["text"].split())
         ans = ans if len(ans) <= width else ans[:width - 1] + "…"
         decode = r["decode_tps"] or float("nan")
         out.append(f"{r['method']:<14} {r['budget'] or '-':>6} {r['kv_bytes']:>12} {r['kv_bytes_held']:>12} "
-                   f"{r['ratio']:>6.3f} {r['prefill_tps']:>8.1f} {decode:>7.1f}  {ans!r}")
+                   f"{r['ratio']:>6.3f} {r['ratio_bf16']:>6.3f} {r['prefill_tps']:>8.1f} {decode:>7.1f}  {ans!r}")
     out.append("(KV bytes: key/value buffers after generation, ratio = KV bytes / a full cache of the same tokens; "
                "held: tokens kept x\n per-token bytes, the same once a layer is full; mlx-lm's own caches "
-               "over-allocate in 256-token steps; speeds in tok/s)")
+               "over-allocate in 256-token steps; bf16: the ratio with\n float arrays at 2 bytes per element, as on "
+               "Apple silicon; speeds in tok/s)")
     return "\n".join(out)
 
 # %% ../nbs/07_cli.ipynb #b866d46c
@@ -255,9 +285,26 @@ def _param_help(p)->str:
     return f"{p.help} (default {p.default}; {', '.join(users)})"
 
 def _common(p):
-    p.add_argument("--budget", type=int, default=128, help="average tokens kept per attention layer")
+    p.add_argument("--budget", type=int, default=None,
+                   help=f"average tokens kept per attention layer (default {DEFAULT_BUDGET} for a named method)")
     p.add_argument("--n-sink", type=int, default=4, help="never-evicted prefix tokens")
     p.add_argument("--recent", type=int, default=0, help="newest tokens never evicted (H2O's local window)")
+    p.add_argument("--kv-fraction", type=float, default=None,
+                   help="keep this share of the full cache's token slots, set when the prompt's length is known "
+                        "(instead of --budget)")
+    p.add_argument("--compress", choices=("chunk", "prompt_end"), default=None,
+                   help="when layers choose: after every prefill chunk, or once the whole prompt is read")
+    p.add_argument("--slack", type=int, default=None, help="a choice keeps budget - slack tokens; the next slack evict "
+                   "nothing (the answer being copied)")
+    p.add_argument("--window-budget", type=int, default=None, help="tokens per sliding-window layer (the global "
+                   "layers share the rest)")
+    p.add_argument("--window-method", default=None, help="the method whose policy the sliding-window layers use")
+    p.add_argument("--kv-bits", type=int, default=None, help="store kept keys and values at 8, 4 or 2 bits (default: "
+                   "the model's dtype); on 'full': every token kept, quantized on every layer")
+    p.add_argument("--kv-group-size", type=int, default=None, help="elements per scale and bias: 32, 64 or 128")
+    p.add_argument("--kv-scheme", default=None, help="'group' (mlx-lm's layout: per-token groups along head_dim), "
+                   "'kivi' (keys per channel, values per token, the newest tokens in full precision), or with "
+                   "--method full 'mlx' (mlx-lm's own QuantizedKVCache: global layers only)")
     for q in method_params():
         p.add_argument("--" + q.name.replace("_", "-"), dest=q.name, type=q.type, choices=q.choices, default=None,
                        help=_param_help(q))
@@ -277,10 +324,11 @@ def build_parser()->argparse.ArgumentParser:
                  "TOVA, ChunkKV, StreamingLLM) for mlx-lm generation.")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate with one method and print the cache report")
-    g.add_argument("--method", default="squeeze", choices=METHODS, help="KV-cache method")
+    g.add_argument("--method", default="auto", choices=("auto",) + tuple(_REGISTRY),
+                   help="KV-cache method (auto: the best measured configuration, see the README)")
     _common(g)
     c = sub.add_parser("compare", help="run one prompt through several methods side by side")
-    c.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
+    c.add_argument("--methods", default=",".join(_REGISTRY), help="comma-separated methods")
     _common(c)
     k = sub.add_parser("passkey", help="print a pass-key retrieval prompt (filler from CPython's pydoc topics)")
     k.add_argument("--tokens", type=int, default=2000, help="prompt length in the model's tokens")
@@ -314,8 +362,13 @@ def options_from_args(args, methods:list)->list:
             dash = "--" + name.replace("_", "-")
             raise CLIError(f"{dash} is not a parameter of {', '.join(methods)}; it belongs to "
                            f"{', '.join(m.name for m in _REGISTRY.values() if name in {q.name for q in m.params})}")
-    def own(m): return {k: v for k, v in given.items() if m in _REGISTRY and k in {q.name for q in _REGISTRY[m].params}}
-    cfg = lambda m: method_config(m, args.budget, args.n_sink, args.recent, own(m))
+    def own(m):
+        if m == "auto": return given                       # the recommended method checks them
+        return {k: v for k, v in given.items() if m in _REGISTRY and k in {q.name for q in _REGISTRY[m].params}}
+    fields = ("compress", "slack", "kv_fraction", "window_budget", "window_method", "kv_bits", "kv_group_size",
+              "kv_scheme")
+    shared = {k: getattr(args, k) for k in fields}
+    cfg = lambda m: method_config(m, args.budget, args.n_sink, args.recent, own(m), **shared)
     return [RunOptions(cfg(m), args.max_tokens, args.prefill_step) for m in methods]
 
 def _run(args, out, stdin):

@@ -7,7 +7,9 @@ from __future__ import annotations
 from .allocators import squeeze_budgets, allocate_exact, _check_int, _check_real
 
 # %% auto #0
-__all__ = ['SIGNALS', 'SqueezeCoordinator', 'kmeans_1d', 'hidden_cosine_budgets', 'Schedule', 'Uniform', 'Pyramid', 'Squeeze']
+__all__ = ['SIGNALS', 'SqueezeCoordinator', 'kmeans_1d', 'hidden_cosine_budgets', 'Schedule', 'Uniform', 'Pyramid', 'Squeeze',
+           'full_slots', 'fraction_budgets', 'window_split_budgets', 'PromptEndCoordinator', 'KVFraction',
+           'WindowSplit']
 
 # %% ../nbs/04_coordinator.ipynb #d53cbe5e
 SIGNALS = ("key_dispersion", "hidden_cosine")
@@ -174,3 +176,118 @@ class Squeeze(Schedule):
         _check_real("strength", self.strength, 0.0, 1.0)
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return SqueezeCoordinator(n_layers, avg_budget, n_sink, self.strength, caps, self.resolved_budget, self.signal)
+
+# %% ../nbs/04_coordinator.ipynb #cb23ceac
+import math
+
+def full_slots(n_tokens:int, # tokens seen (the prompt's length)
+               windows:list)->list: # per-layer sliding window, None for a global layer
+    "Token slots each layer of a full cache holds after `n_tokens`: all of them, or its window's worth."
+    return [n_tokens if w is None else min(n_tokens, w) for w in windows]
+
+def fraction_budgets(n_tokens:int, # the prompt's length
+                     fraction:float, # share of the full cache's token slots to keep, in (0, 1]
+                     windows:list, # per-layer sliding window, None for a global layer
+                     n_sink:int=4, # every layer keeps at least n_sink + 1 (or everything, if it holds less)
+                     window_budget:int|None=None)->list: # tokens per windowed layer (None: the same fraction as all)
+    "Per-layer budgets that hold exactly `floor(fraction x full slots)` tokens in total, none above its full."
+    _check_real("fraction", fraction, 0.0, 1.0)
+    if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
+    full = full_slots(_check_int("n_tokens", n_tokens, 1), windows)
+    floor = min(n_sink + 1, min(full))
+    total = math.floor(fraction * sum(full))
+    if total < floor * len(full):
+        raise ValueError(f"`kv_fraction`={fraction} keeps {total} token slots of this {n_tokens}-token prompt's "
+                         f"{sum(full)}; its {len(full)} layers need at least {floor * len(full)} (n_sink + 1 each)")
+    if window_budget is None or all(w is None for w in windows): return allocate_exact(full, total, floor, full)
+    fixed = {i: max(floor, min(window_budget, f)) for i, (w, f) in enumerate(zip(windows, full)) if w is not None}
+    rest = [i for i in range(len(full)) if i not in fixed]
+    left = total - sum(fixed.values())
+    if left < floor * len(rest):
+        raise ValueError(f"`window_budget`={window_budget} x {len(fixed)} windowed layers leaves {left} of "
+                         f"{total} token slots for the {len(rest)} global layers (they need {floor * len(rest)})")
+    shared = allocate_exact([full[i] for i in rest], left, floor, [full[i] for i in rest])
+    return [fixed[i] if i in fixed else shared[rest.index(i)] for i in range(len(full))]
+
+# %% ../nbs/04_coordinator.ipynb #19f89750
+def window_split_budgets(n_layers:int, # attention layers
+                         avg_budget:int, # mean budget per layer: the total is n_layers * avg_budget
+                         n_sink:int, # the floor is n_sink + 1
+                         caps:list, # per-layer window (None for a global layer)
+                         window_budget:int)->list: # tokens per windowed layer
+    "Exact budgets with the windowed layers at `window_budget` and the global layers sharing the rest."
+    total, floor = n_layers * avg_budget, n_sink + 1
+    fixed = {i: max(floor, min(window_budget, c)) for i, c in enumerate(caps) if c is not None}
+    rest = [i for i in range(n_layers) if i not in fixed]
+    if not rest: return pyramid_budgets(n_layers, avg_budget, n_sink, 1.0, caps)
+    left = total - sum(fixed.values())
+    if left < floor * len(rest):
+        raise ValueError(f"`window_budget`={window_budget} x {len(fixed)} windowed layers leaves {left} of {total} "
+                         f"tokens for the {len(rest)} global layers (they need {floor * len(rest)})")
+    shared = allocate_exact([1] * len(rest), left, floor)
+    return [fixed[i] if i in fixed else shared[rest.index(i)] for i in range(n_layers)]
+
+# %% ../nbs/04_coordinator.ipynb #623da1c2
+class PromptEndCoordinator:
+    "Sets every registered layer's budget when the prompt ends: `fraction` of the full cache's slots for its length."
+    signal = None
+    def __init__(self, n_layers:int, # attention layers taking part
+                 fraction:float, # share of the full cache's token slots to keep
+                 windows:list, # per-layer sliding window (None for a global layer)
+                 n_sink:int=4, # the floor is n_sink + 1
+                 window_budget:int|None=None): # tokens per windowed layer (None: the same fraction everywhere)
+        _check_int("n_layers", n_layers, 1)
+        if len(windows) != n_layers: raise ValueError(f"`windows` has {len(windows)} entries, expected {n_layers}")
+        self.n_layers, self.fraction, self.windows, self.n_sink = n_layers, fraction, list(windows), n_sink
+        self.window_budget, self.layers, self._budgets, self.n_tokens = window_budget, {}, None, None
+
+    def register(self, layer_idx:int, cache):
+        "Attach a layer's cache (it waits for its budget)."
+        if not 0 <= layer_idx < self.n_layers:
+            raise ValueError(f"`layer_idx` must be in [0, {self.n_layers - 1}], got {layer_idx}")
+        self.layers[layer_idx] = cache
+
+    def prompt_ended(self, n_tokens:int):
+        "The prompt is `n_tokens` long: set every layer's budget (once per prompt)."
+        if self._budgets is not None: return
+        self._budgets = fraction_budgets(n_tokens, self.fraction, self.windows, self.n_sink, self.window_budget)
+        self.n_tokens = n_tokens
+        for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
+
+    @property
+    def resolved(self)->bool:
+        "True once the prompt's length has set the budgets."
+        return self._budgets is not None
+
+    @property
+    def budgets(self)->list:
+        "The per-layer budgets (an error before the prompt has ended)."
+        if self._budgets is None: raise RuntimeError("the budgets are set when the prompt ends (run the prompt first)")
+        return list(self._budgets)
+
+    def reset(self):
+        "Forget the prompt: every layer empties and waits for the next prompt's length."
+        self._budgets = self.n_tokens = None
+        for cache in self.layers.values(): cache.reset(budget=None)
+
+# %% ../nbs/04_coordinator.ipynb #06f4187a
+@dataclass
+class KVFraction(Schedule):
+    "Budgets as a share of the full cache's token slots, set when the prompt's length is known."
+    fraction:float = 0.25 # share of the full cache's token slots, in (0, 1]
+    window_budget:int|None = None # tokens per windowed layer (None: every layer the same share of its own)
+    name:ClassVar[str] = "kv_fraction"
+    def __post_init__(self):
+        _check_real("fraction", self.fraction, 0.0, 1.0)
+        if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
+        if self.window_budget is not None: _check_int("window_budget", self.window_budget, 1)
+    def plan(self, n_layers, avg_budget, n_sink, caps):
+        return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget)
+
+@dataclass
+class WindowSplit(Schedule):
+    "Windowed layers at `window_budget` tokens each, the global layers sharing the rest of `n_layers * avg_budget`."
+    window_budget:int = 64 # tokens per windowed layer
+    name:ClassVar[str] = "window_split"
+    def plan(self, n_layers, avg_budget, n_sink, caps):
+        return window_split_budgets(n_layers, avg_budget, n_sink, caps, self.window_budget)

@@ -36,10 +36,13 @@ def eviction_priority(
     window:int|None=None, # sliding-window size, or None for a global layer
     recent:int=0, # the `recent` newest positions before `next_pos` are never evicted either (H2O's local window)
 )->mx.array: # `[B, H, L]`: lower is evicted first
-    "Eviction priority of each stored token: its score; +inf for a live sink or recent token, -inf outside the window."
-    pri = mx.where((positions < n_sink) | (positions >= next_pos - recent), mx.array(math.inf, mx.float32), scores)
-    if window is not None: pri = mx.where(positions <= next_pos - window, mx.array(-math.inf, mx.float32), pri)
-    return pri
+    "Eviction priority of each stored token: its score; +inf if a live sink or recent, far below if outside the window."
+    inf = mx.array(math.inf, mx.float32)
+    pri = mx.where(positions < n_sink, inf, scores)
+    if window is not None:                      # dead, sinks included: below every live token, the oldest lowest
+        age = (next_pos - positions).astype(mx.float32)
+        pri = mx.where(positions <= next_pos - window, -1e30 * age, pri)
+    return mx.where(positions >= next_pos - recent, inf, pri)          # the newest stay (even a window of 1's)
 
 # %% ../nbs/02_h2o.ipynb #ad2fe943
 def visible(cand_pos, query_pos, window=None):
@@ -169,7 +172,7 @@ def attention_with_mass(
         if a + w.shape[3] > mass_from: mass = mass + w[:, :, :, max(mass_from - a, 0):].sum(axis=(2, 3))
     return mx.concatenate(outs, axis=2).astype(values.dtype), mass
 
-# %% ../nbs/02_h2o.ipynb #6cff20df
+# %% ../nbs/02_h2o.ipynb #53d5196c
 def query_mass(
     queries:mx.array, # `[B, Hq, N, D]`, Hq a multiple of the KV heads (RoPE applied, not scaled)
     keys:mx.array, # `[B, H, L, D]`
@@ -209,7 +212,7 @@ def pool_mass(
     c = mx.cumsum(mx.pad(mass, [(0, 0)] * (mass.ndim - 1) + [(pad + 1, pad)]), axis=-1)
     return (c[..., kernel:] - c[..., :-kernel]) / kernel
 
-# %% ../nbs/02_h2o.ipynb #5186889c
+# %% ../nbs/02_h2o.ipynb #36e10c15
 def chunk_priority(
     scores:mx.array, # token scores `[B, H, L]`
     positions:mx.array, # their absolute positions `[B, H, L]`
@@ -241,7 +244,10 @@ def prefill_evict_reference(
     K, V, P, S = rows(keys, as_f32), rows(values, as_f32), rows(positions, np.array), rows(scores, np.array)
     def priority(p_, s_, p):
         dead = lambda pp: window is not None and pp <= p - window
-        return [-np.inf if dead(pp) else (np.inf if pp < n_sink or pp >= p - recent else ss) for pp, ss in zip(p_, s_)]
+        def pri(pp, ss):
+            if pp >= p - recent: return np.inf
+            return -1e30 * (p - pp) if dead(pp) else (np.inf if pp < n_sink else ss)
+        return [pri(pp, ss) for pp, ss in zip(p_, s_)]
     for b in range(B):
         for h in range(H):
             k_, v_, p_, s_ = K[b][h], V[b][h], P[b][h], S[b][h]

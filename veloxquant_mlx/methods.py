@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV
-from .cache import policy_for_score
+from .cache import policy_for_score, EvictingCache, install_attention_hook
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SIGNALS
 
 # %% auto #0
 __all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'CHUNK', 'METHODS', 'Param',
-           'Method', 'register', 'methods_table']
+           'Method', 'keep_all_caches', 'register', 'methods_table']
 
 # %% ../nbs/04a_methods.ipynb #a9a7c9cb
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class Method:
     schedule:Callable[[dict], Schedule] = lambda p: Uniform() # the schedule from the resolved parameters
     preset:str|None = None # the class the builder makes (None: `EvictingCache`)
     build:Callable|None = None # a baseline's own cache list: build(model, config)
+    budgeted:bool = True # False: keeps every token (a baseline that ignores the budget)
+    kv_storage:str = "ours" # whose quantization `kv_bits` may select: "ours", "ours+mlx" (also mlx-lm's) or "none"
 
     @property
     def baseline(self)->bool:
@@ -75,7 +77,21 @@ class Method:
         return {n: p.check(params.get(n, p.default)) for n, p in own.items()}
 
 # %% ../nbs/04a_methods.ipynb #84e527d8
-def _full(model, config): return make_prompt_cache(model)
+def keep_all_caches(model, config):
+    "Every token kept (a sliding-window layer its window) in `EvictingCache`s with the config's storage."
+    def layer(c):
+        w = c.max_size if type(c) is RotatingKVCache else None
+        return EvictingCache(w, 0, w, Recency(), method=config.method, storage=config.storage())
+    caches = [layer(c) if type(c) in (KVCache, RotatingKVCache) else c for c in make_prompt_cache(model)]
+    install_attention_hook()                                     # windowed layers mask, quantized ones attend, here
+    return caches
+
+def _full(model, config):
+    "mlx-lm's own caches; with `kv_bits`, quantization alone (ours, or mlx-lm's `QuantizedKVCache` for scheme 'mlx')."
+    if config.kv_bits is None: return make_prompt_cache(model)
+    if config.kv_scheme != "mlx": return keep_all_caches(model, config)
+    return [c.to_quantized(group_size=config.kv_group_size, bits=config.kv_bits) if type(c) is KVCache else c
+            for c in make_prompt_cache(model)]
 
 def _mlx_rotating(model, config):
     "mlx-lm's StreamingLLM: every attention layer a `RotatingKVCache(budget, keep=n_sink)`."
@@ -97,10 +113,12 @@ def _window(cls):
     return lambda p: cls(**{k: p[k] for k in ("obs_window", "kernel", "pool", "chunk") if k in p})
 
 register(Method("full", "Full cache", "https://github.com/ml-explore/mlx-lm",
-                "everything (mlx-lm's own caches): the reference every figure is measured against", build=_full))
+                "everything (mlx-lm's own caches): the reference every figure is measured against; with "
+                "`kv_bits`, quantization alone (`kv_scheme='mlx'`: mlx-lm's own)", build=_full, budgeted=False,
+                kv_storage="ours+mlx"))
 register(Method("mlx-rotating", "StreamingLLM (mlx-lm)", "https://github.com/ml-explore/mlx-lm",
                 "mlx-lm's `RotatingKVCache(budget, keep=n_sink)`: the sinks and a ring of the newest tokens",
-                build=_mlx_rotating))
+                build=_mlx_rotating, kv_storage="none"))
 register(Method("h2o", "H2O", "https://arxiv.org/abs/2306.14048",
                 "the heavy hitters: the tokens with the most attention received so far", (SCORE,), _score,
                 preset="H2OCache"))

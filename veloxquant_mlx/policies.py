@@ -23,7 +23,9 @@ class View:
     next_pos:int # position of the next query (the first token after those held)
     obs_mass:mx.array|None = None # mass the observation window's queries gave each token (at a prompt's end)
 
-# %% ../nbs/02a_policies.ipynb #a7d00256
+# %% ../nbs/02a_policies.ipynb #673b36ba
+POLICIES = {}  # policy name -> class: every subclass of `Policy` with a `name` of its own, in definition order
+
 def _check_int(name, value, low, high=None):
     "Raise a ValueError naming `name` unless `value` is an int in [low, high]."
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
@@ -41,6 +43,11 @@ class Policy:
     obs_window:ClassVar[int] = 0 # last queries remembered for `observe_window` (a field in policies that use it)
 
     def __post_init__(self): _check_int("chunk", self.chunk, 1)
+
+    def __init_subclass__(cls, **kwargs):
+        "A policy class with a name of its own is registered by that name (what a saved state records)."
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__: POLICIES[cls.name] = cls
 
     def wants_mass(self, decode:bool)->bool:
         "Should this forward pass's attention mass be added to the running score? (`decode`: a one-token step)"
@@ -152,9 +159,7 @@ class ChunkKV(ObservationWindow):
     chunk:int = 10 # chunk length in positions (the paper's default)
     name:ClassVar[str] = "chunks"
 
-# %% ../nbs/02a_policies.ipynb #d1293694
-POLICIES = {c.name: c for c in (KeyProxy, CumulativeAttention, ObservationWindow, LastQuery, Recency, ChunkKV)}
-
+# %% ../nbs/02a_policies.ipynb #5c4dd591
 def make_policy(name:str, # a key of `POLICIES`
                 **params)->Policy: # the policy's parameters
     "The policy called `name` with `params` (a clear error for an unknown name or parameter)."

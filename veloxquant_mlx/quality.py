@@ -16,25 +16,34 @@ from .cache import EvictingCache
 from .methods import METHODS
 
 # %% auto #0
-__all__ = ['FULL', 'VARIANTS', 'GRID', 'QUICK', 'FULL_RUN', 'SCHEDULE_ROWS', 'grid_configs', 'make_caches', 'row_fields',
-           'shared_prefill', 'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits', 'score_answer',
-           'greedy_answer', 'batched_greedy', 'kv_bytes', 'prefilled', 'check_batched', 'check_shared_prefill',
-           'ppl_sequences', 'score_continuation', 'batched_score', 'Tally', 'compress_prompt', 'perplexity_rows',
-           'Answers', 'passkey_rows', 'run_grid', 'machine_info', 'merge_results', 'combine_runs', 'format_table',
-           'gap_table', 'markdown_table', 'paired_nll', 'squeeze_schedules', 'partial_chance', 'plot_results', 'main']
+__all__ = ['FULL', 'VARIANTS', 'GRID', 'FAMILIES', 'QUICK', 'FULL_RUN', 'LEVERS', 'RECOMMENDED_ROW', 'FRACTION_ROWS',
+           'SCHEDULE_ROWS', 'FRACTION_RUN', 'SUMMARY_ROWS', 'GRID_LABELS', 'grid_rows', 'grid_configs', 'make_caches',
+           'row_fields', 'shared_prefill', 'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits',
+           'score_answer', 'docstring_prose', 'PromptFamily', 'family_set', 'greedy_answer', 'batched_greedy',
+           'kv_bytes', 'prefilled', 'check_batched', 'check_shared_prefill', 'ppl_sequences', 'score_continuation',
+           'batched_score', 'Tally', 'compress_prompt', 'perplexity_rows', 'Answers', 'passkey_rows', 'run_grid',
+           'machine_info', 'attention_windows', 'kv_bytes_bf16', 'full_bytes_bf16', 'fraction_config', 'row_name',
+           'fraction_rows', 'fraction_passkey', 'fraction_perplexity', 'run_fraction_grid', 'own_prefill_answers',
+           'prefill_peak', 'merge_results', 'combine_runs', 'format_table', 'gap_table', 'markdown_table', 'paired_nll',
+           'squeeze_schedules', 'partial_chance', 'plot_results', 'main', 'load_results', 'perplexity_table',
+           'summary_markdown']
 
 # %% ../nbs/11_quality.ipynb #0c8e1023
 FULL = KVCacheConfig("full")
 VARIANTS = [("h2o", dict(score="key_proxy")), ("pyramidkv", dict(score="key_proxy", beta=1.5)),
             ("pyramidkv", dict(score="key_proxy")), ("squeeze", dict(score="key_proxy", signal="key_dispersion",
             strength=0.5)), ("squeeze", dict(score="key_proxy", signal="key_dispersion"))]
-GRID = [(name, {}) for name in METHODS if name != "full"] + VARIANTS  # (method, parameters): one row each
+def grid_rows()->list:
+    "(method, parameters) of every row: each registered method at its defaults, then the variants."
+    return [(name, {}) for name in METHODS if name != "full"] + VARIANTS
+
+GRID = grid_rows()  # the rows when this module was imported
 
 def grid_configs(budget:int, # tokens per layer (the average, for schedules that vary it)
                  names:list|None=None, # keep only rows with these labels (None: all)
                  rows:list|None=None)->list: # (method, params) pairs (default `GRID`)
     "The grid's rows at `budget`, as `KVCacheConfig`s."
-    cfgs = [KVCacheConfig.for_method(m, budget, **p) for m, p in (rows or GRID)]
+    cfgs = [KVCacheConfig.for_method(m, budget, **p) for m, p in (rows or grid_rows())]
     return [c for c in cfgs if names is None or c.label in names]
 
 def make_caches(model, config:KVCacheConfig)->list:
@@ -195,6 +204,86 @@ def score_answer(text:str, key:str)->dict:
     d = first_digits(text)
     return dict(exact=float(d == key), partial=lcs(d[:len(key)], key) / len(key), answer=d)
 
+# %% ../nbs/11_quality.ipynb #1a814483
+_HEAD_LANDMARK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+                  "I will quiz you about the important information there.\n\n")
+_FILL_LANDMARK = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+_HEAD_DOCS = ("Below is a long excerpt of library documentation. Somewhere in it a secret number is mentioned. "
+              "Read carefully; you will be asked for it at the end.\n\n")
+_DOC_MODULES = ("collections itertools functools textwrap string argparse subprocess json pathlib shutil logging "
+                "threading socket email.message http.client urllib.request csv datetime decimal fractions statistics "
+                "random heapq bisect zipfile tarfile tempfile unittest difflib pprint contextlib dataclasses enum "
+                "typing asyncio sqlite3 xml.dom.minidom configparser calendar gettext locale codecs io os sys").split()
+
+def docstring_prose()->str:
+    "English paragraphs from CPython's docstrings (modules, classes, functions), code and doctest lines removed."
+    import importlib, inspect, re
+    paras, seen = [], set()
+    for name in _DOC_MODULES:
+        try: m = importlib.import_module(name)
+        except Exception: continue
+        for o in [m] + [getattr(m, a) for a in sorted(dir(m)) if not a.startswith("_")]:
+            try: d = inspect.getdoc(o)
+            except Exception: d = None
+            if not d or id(d) in seen: continue
+            seen.add(id(d))
+            for p in re.split(r"\n\s*\n", d):
+                lines = [l for l in p.splitlines() if l.strip()]
+                if not lines or any(l.startswith((" ", "\t", ">>>", "...")) for l in lines): continue
+                t = " ".join(l.strip() for l in lines)
+                if len(t) >= 120 and not any(c in t for c in "{}|=>*") and t.rstrip().endswith(".") and t not in paras:
+                    paras.append(t)
+    return "\n\n".join(paras)
+
+def _hide(head:str, filler_ids:list, room:int, needle:str, question:str, tokenizer, depth:float)->str:
+    "Head, then `room` tokens of filler with `needle` at the sentence end nearest `depth`, then the question."
+    filler = tokenizer.decode(filler_ids[:room])
+    cut = int(depth * len(filler))
+    ends = [i + 1 for i in (filler.rfind(". ", 0, cut), filler.find(". ", cut)) if i >= 0] or [len(filler)]
+    cut = min(ends, key=lambda i: abs(i - cut))
+    return head + filler[:cut] + needle + filler[cut:] + question
+
+@dataclass(frozen=True)
+class PromptFamily:
+    "A way to hide a key in filler and ask for it: the head, the needle's wording, the question, the filler text."
+    name:str # what the tables call it
+    head:str # the instructions before the filler
+    needle:str # the hidden sentence, with `{key}`
+    question:str # what ends the prompt (the answer follows it)
+    filler:object # callable(n_tokens) -> filler text (at least that many tokens)
+
+    def prompt(self, n_tokens:int, key:str, depth:float, tokenizer)->str:
+        "A prompt of about `n_tokens` tokens with the needle at `depth` of the filler."
+        needle = self.needle.format(key=key)
+        room = n_tokens - len(tokenizer.encode(self.head + needle + self.question))
+        if room < 16: raise ValueError(f"`n_tokens`={n_tokens} leaves no room for filler")
+        ids = tokenizer.encode(self.filler(room), add_special_tokens=False)
+        if len(ids) < room: raise ValueError(f"family {self.name!r}: not enough filler ({len(ids)} < {room} tokens)")
+        return _hide(self.head, ids, room, needle, self.question, tokenizer, depth)
+
+def _pydoc_filler(n): 
+    from veloxquant_mlx.models import prose_text
+    return prose_text(8 * n + 2000)
+
+FAMILIES = {f.name: f for f in (
+    PromptFamily("pydoc", "There is an important piece of information hidden inside a lot of irrelevant text. Find it "
+                 "and memorize it. I will ask you about it.\n\n", " The pass key is {key}. Remember it. The pass key "
+                 "is {key}.", "\n\nWhat is the pass key? The pass key is", _pydoc_filler),
+    PromptFamily("landmark", _HEAD_LANDMARK, " The pass key is {key}. Remember it. {key} is the pass key.",
+                 "\n\nWhat is the pass key? The pass key is", lambda n: _FILL_LANDMARK * (n // 15 + 20)),
+    PromptFamily("docstrings", _HEAD_DOCS, " The secret number is {key}. Keep it in mind: the secret number is {key}.",
+                 "\n\nQuestion: what is the secret number?\nAnswer: The secret number is", lambda n: docstring_prose()))}
+
+def family_set(tokenizer, family:str, n:int, n_tokens:int, seed:int=0, depths=(0.1, 0.3, 0.5, 0.7, 0.9))->list:
+    "`n` prompts of one family and length: keys from a seeded generator of their own, depths cycled."
+    if family not in FAMILIES: raise ValueError(f"`family` must be one of {tuple(FAMILIES)}, got {family!r}")
+    rng, out = random.Random(f"{family}-{n_tokens}-{seed}"), []
+    for i in range(n):
+        key, depth = str(rng.randint(10000, 99999)), depths[i % len(depths)]
+        ids = tokenizer.encode(FAMILIES[family].prompt(n_tokens, key, depth, tokenizer))
+        out.append(dict(family=family, i=i, key=key, depth=depth, length=n_tokens, ids=ids))
+    return out
+
 # %% ../nbs/11_quality.ipynb #8c453a33
 def _digits_done(text:str)->bool:
     "True once the answer's first digit run has ended (nothing more to read)."
@@ -330,14 +419,15 @@ def perplexity_rows(model, tokenizer, configs:list, n_texts:int, context:int, sc
                     batched:bool=True, model_name:str="", log=print)->list:
     "One perplexity row per config and one for the full cache: `score_tokens` after a `context`, through the cache."
     windows = _slot_windows(model)
-    tallies = {"full": Tally(), **{c.label: Tally() for c in configs}}
+    keys = ["full"] + [(c.label, c.budget) for c in configs]                # one tally per row and budget
+    tallies = {k: Tally() for k in keys}
     t0, seqs = time.perf_counter(), ppl_sequences(tokenizer, n_texts, context, score_tokens, seed)
     for i, ids in enumerate(seqs):
         caches = prefilled(model, ids[:context], configs)
         compress_prompt(caches[1:])
         scored = batched_score(model, caches, ids, context, chunk, windows) if batched else \
                  [score_continuation(model, c, ids, context, chunk) for c in caches]
-        for name, cs, (nll, n) in zip(tallies, caches, scored): tallies[name].add(nll, n, kv_bytes(cs), kv_bytes(caches[0]))
+        for key, cs, (nll, n) in zip(keys, caches, scored): tallies[key].add(nll, n, kv_bytes(cs), kv_bytes(caches[0]))
         log(f"perplexity sample {i + 1}/{len(seqs)} done at {time.perf_counter() - t0:.0f} s")
     if not seqs: return []
     base = dict(model=model_name, task="perplexity", samples=len(seqs), seed=seed, context_tokens=context,
@@ -347,9 +437,9 @@ def perplexity_rows(model, tokenizer, configs:list, n_texts:int, context:int, sc
         head = dict(**row_fields(cfg), budget=cfg.budget) if cfg is not None else dict(**row_fields(FULL), budget=None)
         return {**base, **head, "kv_fraction": t.kv / t.full_kv, "kv_bytes": t.kv / len(seqs), "ppl": t.ppl,
                 "ppl_increase": t.ppl - full, "ppl_ratio": t.ppl / full, "nll_per_text": t.per_text}
-    return [row(None, tallies["full"])] + [row(c, tallies[c.label]) for c in configs]
+    return [row(None, tallies["full"])] + [row(c, tallies[(c.label, c.budget)]) for c in configs]
 
-# %% ../nbs/11_quality.ipynb #03df5c0a
+# %% ../nbs/11_quality.ipynb #64becd19
 @dataclass
 class Answers:
     "The pass-key answers of one row: per prompt, the scores, the text and the KV bytes."
@@ -369,7 +459,8 @@ class Answers:
 def passkey_rows(model, tokenizer, configs:list, prompts:list, max_tokens:int, deadline:float|None=None,
                  batched:bool=True, model_name:str="", seed:int=0, n_planned:int|None=None, log=print)->tuple:
     "Every prompt through the full cache and every config (in rounds, until `deadline`): (rows, prompts used, seconds)."
-    windows, answers, round_s = _slot_windows(model), {"full": Answers(), **{c.label: Answers() for c in configs}}, []
+    keys = ["full"] + [(c.label, c.budget) for c in configs]                # one row per configuration and budget
+    windows, answers, round_s = _slot_windows(model), {k: Answers() for k in keys}, []
     for p in prompts:
         if deadline is not None and round_s and time.perf_counter() + max(round_s) > deadline:
             log(f"time budget: stopping pass key after {len(round_s)} of {len(prompts)} prompts")
@@ -378,7 +469,7 @@ def passkey_rows(model, tokenizer, configs:list, prompts:list, max_tokens:int, d
         caches = prefilled(model, p["ids"][:-1], configs)
         texts = batched_greedy(model, tokenizer, p["ids"][-1], caches, max_tokens, windows) if batched else \
                 [greedy_answer(model, tokenizer, p["ids"][-1], c, max_tokens) for c in caches]
-        for name, cs, text in zip(answers, caches, texts): answers[name].add(text, p["key"], kv_bytes(cs), kv_bytes(caches[0]))
+        for key, cs, text in zip(keys, caches, texts): answers[key].add(text, p["key"], kv_bytes(cs), kv_bytes(caches[0]))
         round_s.append(time.perf_counter() - tr)
         log(f"pass key {len(round_s)}/{len(prompts)} (len {len(p['ids'])}, depth {p['depth']}): full {texts[0]!r} "
             f"[{round_s[-1]:.0f} s]")
@@ -388,7 +479,7 @@ def passkey_rows(model, tokenizer, configs:list, prompts:list, max_tokens:int, d
                 seed=seed, max_tokens=max_tokens, lengths=sorted({len(p["ids"]) for p in used}),
                 depths=sorted({p["depth"] for p in used}))
     rows = [{**base, **row_fields(FULL), "budget": None, **answers["full"].summary()}]
-    rows += [{**base, **row_fields(c), "budget": c.budget, **answers[c.label].summary()} for c in configs]
+    rows += [{**base, **row_fields(c), "budget": c.budget, **answers[(c.label, c.budget)].summary()} for c in configs]
     return rows, used, round_s
 
 def run_grid(model, tokenizer, model_name:str="gemma-3-270m", budgets=(64, 128, 256), n_passkey:int=30,
@@ -428,6 +519,177 @@ def machine_info()->dict:
     "CPU count, platform, Python and the load average at this moment."
     return dict(cpu_count=os.cpu_count(), platform=platform.platform(), python=platform.python_version(),
                 load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
+
+# %% ../nbs/11_quality.ipynb #76b7a3f6
+from mlx_lm.models.cache import KVCache as _KVCache
+from .coordinator import full_slots
+
+def attention_windows(model)->list:
+    "The sliding window of every attention layer of `model` (None for a global layer)."
+    return [c.max_size if isinstance(c, RotatingKVCache) else None for c in make_prompt_cache(model)
+            if isinstance(c, (_KVCache, RotatingKVCache))]
+
+def _bf16(a)->int:
+    "Bytes of `a` as Apple silicon holds it: floating point at 2 bytes per element, integers (packed data) as they are."
+    return a.size * 2 if mx.issubdtype(a.dtype, mx.floating) else a.nbytes
+
+def kv_bytes_bf16(caches)->int:
+    "Bytes of the keys and values `caches` hold, counted at bfloat16 (packed quantized data as is)."
+    total = 0
+    for c in caches:
+        if hasattr(c, "nbytes_bf16"): total += int(c.nbytes_bf16)
+        else:
+            arrays = [getattr(c, "keys", None), getattr(c, "values", None)]
+            flat = [a for x in arrays if x is not None for a in (x if isinstance(x, (tuple, list)) else (x,))]
+            total += sum(_bf16(a) for a in flat)
+    return int(total)
+
+def full_bytes_bf16(model, n_tokens:int)->int:
+    "Bytes of the full cache of an `n_tokens` prompt at bfloat16: every layer's `min(n, window)` tokens."
+    args = model.args
+    head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
+    return 2 * 2 * args.num_key_value_heads * head_dim * sum(full_slots(n_tokens, attention_windows(model)))
+
+# %% ../nbs/11_quality.ipynb #2788ec25
+from .builder import RECOMMENDED
+from .coordinator import Uniform as _Uniform
+
+
+def fraction_config(row:tuple, # (method, params, fields)
+                    fraction:float, # share of the full cache's token slots
+                    n_tokens:int, # the prompt's length
+                    windows:list)->KVCacheConfig: # the model's attention windows
+    "The row's configuration for one prompt: `kv_fraction`, or the same share as tokens per layer."
+    method, params, fields = row
+    entry = METHODS[method]
+    uniform = not entry.baseline and isinstance(entry.schedule(entry.resolve(params)), _Uniform)
+    if uniform and fields.get("compress", "prompt_end") == "prompt_end":
+        return KVCacheConfig.for_method(method, kv_fraction=fraction, **params, **fields)
+    avg = max(5, math.floor(fraction * sum(full_slots(n_tokens, windows)) / len(windows)))
+    return KVCacheConfig.for_method(method, avg, **params, **fields)
+
+def row_name(row:tuple)->str:
+    "The row's label: its configuration without the budget."
+    method, params, fields = row
+    return KVCacheConfig.for_method(method, 64, **params, **fields).label
+
+_REC = dict(window_method="streamingllm")
+LEVERS = [("chunkkv", dict(chunk=8), {}), ("chunkkv", dict(chunk=16), {}), ("chunkkv", dict(chunk=32), {}),  # chunks
+          ("snapkv", dict(pool="max"), {}), ("snapkv", dict(kernel=15), {}),                                # pooling
+          ("snapkv", {}, dict(window_budget=32, **_REC)),                                                   # split
+          ("chunkkv", dict(chunk=16), dict(window_budget=16, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=64, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=48, window_method="chunkkv")),
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, slack=8, **_REC)),                             # decode
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, n_recent=8, **_REC)),
+          ("chunkkv", dict(chunk=16), dict(window_budget=32, compress="chunk", **_REC))]                   # timing
+RECOMMENDED_ROW = (RECOMMENDED["method"], dict(RECOMMENDED["params"]),
+                   {k: v for k, v in RECOMMENDED.items() if k not in ("method", "params")})
+def fraction_rows()->list:
+    "Every registered method at its defaults, the levers, and the recommended configuration (once)."
+    rows = [(m, {}, {}) for m in METHODS if m != "full"] + LEVERS
+    return rows + ([RECOMMENDED_ROW] if row_name(RECOMMENDED_ROW) not in {row_name(r) for r in rows} else [])
+
+FRACTION_ROWS = fraction_rows()  # the rows when this module was imported
+
+# %% ../nbs/11_quality.ipynb #b377ae7c
+def fraction_passkey(model, tokenizer, prompts:list, rows:list, fractions:list, max_tokens:int=8,
+                     deadline:float|None=None, log=print)->tuple:
+    "Every prompt through the full cache and every (row, fraction): answers per key (name, fraction) and seconds."
+    windows, answers, round_s = attention_windows(model), {}, []
+    for p in prompts:
+        if deadline is not None and round_s and time.perf_counter() + max(round_s) > deadline:
+            log(f"time budget: stopping after {len(round_s)} of {len(prompts)} prompts")
+            break
+        tr = time.perf_counter()
+        keys = [("full", 1.0)] + [(row_name(r), f) for f in fractions for r in rows]
+        configs = [fraction_config(r, f, len(p["ids"]), windows) for f in fractions for r in rows]
+        caches = prefilled(model, p["ids"][:-1], configs)
+        texts = batched_greedy(model, tokenizer, p["ids"][-1], caches, max_tokens)
+        full = full_bytes_bf16(model, len(p["ids"]))
+        for key, cs, text in zip(keys, caches, texts):
+            answers.setdefault(key, Answers()).add(text, p["key"], kv_bytes_bf16(cs), full)
+        round_s.append(time.perf_counter() - tr)
+        log(f"{p['family']} {len(p['ids'])} #{p['i']} (depth {p['depth']}): full {texts[0]!r}, "
+            f"{sum(a.results[-1]['exact'] for k, a in answers.items() if k[0] != 'full'):.0f}/{len(keys) - 1} rows "
+            f"exact [{round_s[-1]:.0f} s]")
+    return answers, round_s
+
+def fraction_perplexity(model, tokenizer, rows:list, fractions:list, n_texts:int, context:int, score_tokens:int,
+                        chunk:int=16, seed:int=0, log=print)->dict:
+    "Perplexity of `score_tokens` after a `context` read as a prompt (chosen at its end), per (row, fraction)."
+    windows, tallies = attention_windows(model), {("full", 1.0): Tally()}
+    for i, ids in enumerate(ppl_sequences(tokenizer, n_texts, context, score_tokens, seed)):
+        keys = [(row_name(r), f) for f in fractions for r in rows]
+        caches = prefilled(model, ids[:context], [fraction_config(r, f, context, windows) for f in fractions for r in rows])
+        compress_prompt(caches[1:])
+        full = full_bytes_bf16(model, context)
+        scored = batched_score(model, caches, ids, context, chunk)
+        for key, cs, (nll, n) in zip([("full", 1.0)] + keys, caches, scored):
+            tallies.setdefault(key, Tally()).add(nll, n, kv_bytes_bf16(cs), full)
+        log(f"perplexity text {i + 1}/{n_texts}")
+    return tallies
+
+def run_fraction_grid(model, tokenizer, plan:dict, families=("pydoc", "landmark"), rows=None, ppl_fractions=(),
+                      ppl_texts:int=6, ppl_context:int=1536, ppl_tokens:int=256, max_tokens:int=8, seed:int=0,
+                      time_budget_s:float|None=None, model_name:str="gemma-3-270m", log=print)->dict:
+    "Pass key per family and prompt length at the fractions of `plan` ({n_tokens: (n_prompts, fractions)}); perplexity."
+    rows, t0, out = rows or fraction_rows(), time.perf_counter(), []
+    deadline = None if time_budget_s is None else t0 + time_budget_s
+    for n_tokens, (n_prompts, fractions) in plan.items():
+        for fam in families:
+            answers, round_s = fraction_passkey(model, tokenizer, family_set(tokenizer, fam, n_prompts, n_tokens, seed),
+                                                rows, list(fractions), max_tokens, deadline, log)
+            fa = answers[("full", 1.0)].summary()
+            for (name, f), a in answers.items():
+                out.append(dict(task="passkey", model=model_name, family=fam, length=n_tokens, fraction=f, name=name,
+                                samples=len(a.results), seconds=sum(round_s), full_accuracy=fa["accuracy"],
+                                kv_fraction_bf16=a.summary()["kv_fraction"], **a.summary()))
+    if ppl_fractions:
+        tallies = fraction_perplexity(model, tokenizer, rows, list(ppl_fractions), ppl_texts, ppl_context, ppl_tokens,
+                                      seed=seed, log=log)
+        full = tallies[("full", 1.0)].ppl
+        for (name, f), t in tallies.items():
+            out.append(dict(task="perplexity", model=model_name, fraction=f, name=name, samples=len(t.per_text),
+                            context_tokens=ppl_context, scored_tokens=ppl_tokens, ppl=t.ppl, ppl_increase=t.ppl - full,
+                            ppl_ratio=t.ppl / full, kv_fraction_bf16=t.kv / t.full_kv, nll_per_text=t.per_text))
+    settings = dict(plan={str(k): v for k, v in plan.items()}, families=list(families), rows=[row_name(r) for r in rows],
+                    ppl_fractions=list(ppl_fractions), ppl_texts=ppl_texts, ppl_context=ppl_context,
+                    ppl_tokens=ppl_tokens, max_tokens=max_tokens, seed=seed, time_budget_s=time_budget_s)
+    return dict(rows=out, settings=settings, timing=dict(total_s=time.perf_counter() - t0), machine=machine_info())
+
+# %% ../nbs/11_quality.ipynb #1d23025a
+def own_prefill_answers(model, tokenizer, prompts:list, configs:list, prefill_step:int=512, max_tokens:int=8,
+                        log=print)->dict:
+    "Each config's own `generate_step` (chunked prefill) on every prompt: {label: Answers}."
+    out = {c.label: Answers() for c in configs}
+    for p in prompts:
+        full = full_bytes_bf16(model, len(p["ids"]))
+        for c in configs:
+            caches = make_caches(model, c)
+            steps = generate_step(mx.array(p["ids"]), model, prompt_cache=caches, max_tokens=max_tokens,
+                                  prefill_step_size=prefill_step)
+            toks = []
+            for (t, _), _ in zip(steps, range(max_tokens)):
+                toks.append(int(t))
+                if _digits_done(tokenizer.decode(toks)): break
+            out[c.label].add(tokenizer.decode(toks), p["key"], kv_bytes_bf16(caches), full)
+        log(f"own prefill {p['family']} #{p['i']}: " + ", ".join(f"{k}={a.results[-1]['answer']!r}" for k, a in out.items()))
+    return out
+
+def prefill_peak(model, ids:list, config:KVCacheConfig|None, prefill_step:int=2048)->dict:
+    "Peak MLX memory of prefilling `ids` in chunks (and ending the prompt), and the KV bytes held afterwards."
+    caches = make_prompt_cache(model) if config is None else make_caches(model, config)
+    mx.eval(mx.zeros(1)); mx.clear_cache(); mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    for a in range(0, len(ids), prefill_step):
+        out = model(mx.array(ids[a:a + prefill_step])[None], cache=caches)
+        mx.eval(out, [x for c in caches for x in _arrays(c)])
+    compress_prompt([caches])
+    mx.eval([x for c in caches for x in _arrays(c)])
+    return dict(peak_bytes=int(mx.get_peak_memory()), base_bytes=int(base), kv_bytes_bf16=kv_bytes_bf16(caches),
+                label="full" if config is None else config.label, prefill_step=prefill_step, tokens=len(ids))
 
 # %% ../nbs/11_quality.ipynb #381c2725
 def merge_results(a:dict, b:dict)->dict:
@@ -577,6 +839,31 @@ def plot_results(res:dict, out_dir:str="nbs/images", prefix:str="quality_")->lis
     one("perplexity", "ppl_increase", "perplexity increase over full", f"Perplexity of {L['ppl_tokens']} tokens after a {L['ppl_context']}-token context, through the cache", "perplexity.png")
     return paths
 
+FRACTION_RUN = dict(plan={2048: (20, (0.25, 0.125)), 8192: (10, (0.1,))}, ppl_fractions=(0.25, 0.125))
+
+def _main_fraction(a, load_cli_model):
+    "The fraction grid from the command line (`--grid fraction`)."
+    plan = dict(FRACTION_RUN["plan"])
+    if a.plan:
+        plan = {}
+        for part in a.plan.split(","):
+            n, k, fr = part.split(":")
+            plan[int(n)] = (int(k), tuple(float(x) for x in fr.split("/")))
+    ppl = FRACTION_RUN["ppl_fractions"] if a.ppl_fractions is None else \
+        (() if a.ppl_fractions == "none" else tuple(float(x) for x in a.ppl_fractions.split("/")))
+    rows = fraction_rows()
+    if a.methods: rows = [r for r in rows if row_name(r) in a.methods.split(";")]
+    model, tok = load_cli_model(a.model)
+    res = run_fraction_grid(model, tok, plan, tuple(a.families.split(",")), rows, ppl,
+                            ppl_texts=a.ppl_samples if a.ppl_samples is not None else 6,
+                            time_budget_s=a.time_budget, model_name=a.model or "gemma-3-270m",
+                            log=lambda *x: print(*x, flush=True))
+    out = a.out or "nbs/results/quality_fraction.json"
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f: json.dump(res, f, indent=1)
+    print(f"wrote {out} ({res['timing']['total_s']:.0f} s)")
+    return res
+
 def main(argv=None):
     "`python scripts/bench_quality.py [--quick] [--out nbs/results/quality.json] [--model tiny:gemma3]`"
     import argparse
@@ -593,9 +880,17 @@ def main(argv=None):
     ap.add_argument("--no-verify", action="store_true", help="skip the batched-vs-sequential decoding check")
     ap.add_argument("--merge-into", default=None, help="pool the pass-key rows with this earlier run's JSON (which this run continues)")
     ap.add_argument("--methods", default=None, help="comma-separated row labels to run (default: every row of the grid)")
+    ap.add_argument("--grid", choices=("tokens", "fraction"), default="tokens",
+                    help="tokens: budgets in tokens per layer (the first grid); fraction: shares of the full cache")
+    ap.add_argument("--plan", default=None, help="fraction grid: LENGTH:N:F1/F2,... (default 2048:20:0.25/0.125,"
+                    "8192:10:0.1)")
+    ap.add_argument("--families", default="pydoc,landmark", help="fraction grid: prompt families")
+    ap.add_argument("--ppl-fractions", default=None, help="fraction grid: fractions for the perplexity task "
+                    "(default 0.25/0.125; 'none' to skip)")
     ap.add_argument("--budgets", default=None, help="comma-separated tokens per layer (default: the run's)")
     a = ap.parse_args(argv)
     from veloxquant_mlx.cli import load_cli_model
+    if a.grid == "fraction": return _main_fraction(a, load_cli_model)
     s = dict(QUICK if a.quick else FULL_RUN)
     if a.time_budget is not None: s["time_budget_s"] = a.time_budget
     if a.n_passkey is not None: s["n_passkey"] = a.n_passkey
@@ -620,3 +915,76 @@ def main(argv=None):
     if a.plots: print("\n".join(plot_results(res, a.plots)))
     print(f"wrote {out} ({res['timing']['total_s']:.0f} s)")
     return res
+
+# %% ../nbs/11_quality.ipynb #94c52d76
+SUMMARY_ROWS = {  # grid name -> label, the rows of the headline (README and this notebook)
+    "streaming": "StreamingLLM (mlx-lm `RotatingKVCache`, 4 sinks)",
+    "h2o/key_proxy": "H2O, key-as-query proxy",
+    "h2o/attention": "H2O, real-query attention",
+    "pyramidkv-2.0/attention": "PyramidKV β=2, attention",
+    "squeeze-1.0/key_dispersion/key_proxy": "SqueezeAttention, key dispersion + key proxy",
+    "squeeze-1.0/hidden_cosine/attention": "SqueezeAttention, hidden cosine + attention",
+    "snapkv": "SnapKV",
+}
+GRID_LABELS = {  # grid name -> label, every row of the grid
+    "streaming": "StreamingLLM", "h2o/key_proxy": "H2O, key proxy", "pyramidkv-1.5/key_proxy": "PyramidKV 1.5, key proxy",
+    "pyramidkv-2.0/key_proxy": "PyramidKV 2.0, key proxy", "squeeze-0.5/key_dispersion/key_proxy": "Squeeze 0.5, key dispersion + key proxy",
+    "squeeze-1.0/key_dispersion/key_proxy": "Squeeze 1.0, key dispersion + key proxy", "h2o/attention": "H2O, attention",
+    "pyramidkv-2.0/attention": "PyramidKV 2.0, attention", "squeeze-1.0/hidden_cosine/attention": "Squeeze 1.0, hidden cosine + attention",
+    "snapkv": "SnapKV (window)",
+}
+
+def load_results(path:str="results/quality.json")->dict:
+    "A quality run's JSON, as `main` (or `python scripts/bench_quality.py`) writes it."
+    return json.loads(open(path).read())
+
+def _find(res:dict, task:str, name:str, budget=None):
+    return next((r for r in res["rows"] if r["task"] == task and r["name"] == name and (name == "full" or r["budget"] == budget)), None)
+
+def perplexity_table(res:dict, # a quality run (`load_results`)
+                     labels:dict|None=None, # grid name -> row label, in row order; default `SUMMARY_ROWS`
+                     gap:bool=False # add the share of StreamingLLM's gap to the full cache that each row closes
+                    )->str:
+    "Perplexity increase over the full cache per method (rows) and budget (columns), as a Markdown table."
+    labels, budgets = SUMMARY_ROWS if labels is None else labels, res["settings"]["budgets"]
+    head = "| method | " + " | ".join(str(b) for b in budgets) + " |" + (f" gap to full closed vs StreamingLLM ({' / '.join(map(str, budgets))}) |" if gap else "")
+    lines = [head, "|---|" + "---:|" * len(budgets) + ("---|" if gap else "")]
+    for name, label in labels.items():
+        rows = [_find(res, "perplexity", name, b) for b in budgets]
+        if not any(rows): continue
+        cells = ["-" if r is None else f"+{r['ppl_increase']:.1f}" for r in rows]
+        line = f"| {label} | " + " | ".join(cells) + " |"
+        if gap:
+            st = [_find(res, "perplexity", "streaming", b) for b in budgets]
+            g = ["-" if r is None or s is None else f"{100 * (1 - r['ppl_increase'] / s['ppl_increase']):.0f}%" for r, s in zip(rows, st)]
+            line += " 0 (the baseline) |" if name == "streaming" else f" {' / '.join(g)} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+def summary_markdown(res:dict, # a quality run (`load_results`)
+                     labels:dict|None=None # grid name -> row label; default `SUMMARY_ROWS`
+                    )->str:
+    "The headline of a quality run, in Markdown: KV share, perplexity increase per method and budget, pass-key retrieval."
+    labels, s = SUMMARY_ROWS if labels is None else labels, res["settings"]
+    budgets, pk = s["budgets"], [r for r in res["rows"] if r["task"] == "passkey"]
+    full_pk, full_ppl = _find(res, "passkey", "full"), _find(res, "perplexity", "full")
+    kv = []
+    for b in budgets:
+        at = [r["kv_fraction"] for r in pk if r["budget"] == b]
+        kv.append(f"{100 * sum(at) / len(at):.0f}%" if at else "-")
+    text = [f"**Quality** ({s['model']}; every layer cut to the budget, sliding-window layers included; KV bytes "
+            f"{' / '.join(kv)} of the full cache's at {' / '.join(map(str, budgets))} tokens per layer). Perplexity increase "
+            f"over the full cache ({full_ppl['ppl']:.2f}) when scoring the {s['ppl_tokens']} tokens after a "
+            f"{s['ppl_context']:,}-token prose context through the compressed cache, {full_ppl['samples']} texts:", "",
+            perplexity_table(res, labels), ""]
+    if full_pk:
+        n, toks, depths = full_pk["samples"], [p["tokens"] for p in res["prompts"]], [p["depth"] for p in res["prompts"]]
+        evict = [r for r in pk if r["name"] != "full"]
+        best = max(evict, key=lambda r: (r["accuracy"], r["partial"], r["budget"]))
+        who = f"{labels.get(best['name'], GRID_LABELS.get(best['name'], best['name']))} at {best['budget']} tokens per layer"
+        found = (f"no eviction method retrieves a whole key at these budgets; the most digits right: {who}, partial credit "
+                 f"{best['partial']:.2f} of 1 (a random 5-digit guess scores about {partial_chance():.2f})" if best["accuracy"] == 0 else
+                 f"the best eviction method, {who}, retrieves {round(best['accuracy'] * best['samples'])}/{best['samples']}")
+        text.append(f"**Pass key** ({n} prompts of {min(toks):,}-{max(toks):,} tokens, a 5-digit key at depths "
+                    f"{min(depths):g}-{max(depths):g}): the full cache retrieves {round(full_pk['accuracy'] * n)}/{n}; {found}.")
+    return "\n".join(text).strip()
