@@ -119,9 +119,10 @@ def test_for_model_rejects_models_without_attention_layers():
     with pytest.raises(ValueError, match="no attention layer found"):
         KVCacheBuilder.for_model(NoAttention(), KVCacheConfig.for_method("h2o", 16))
 
-def test_merge_is_refused():
-    with pytest.raises(TypeError, match="cannot be merged"):
-        H2OCache.merge([H2OCache(16)])
+def test_merge_makes_a_batch_for_mlx_lm():
+    from veloxquant_mlx.batch import BatchEvictingCache
+    b = H2OCache.merge([H2OCache(16), H2OCache(16)])
+    assert isinstance(b, BatchEvictingCache) and len(b) == 2
 
 def test_install_makes_make_prompt_cache_return_ours():
     model = tiny_model("llama")

@@ -308,7 +308,8 @@ def install_hidden_signal_hooks(model, layer_ids=None):
                         c._hidden_in = None
                         r = blk.post_attention_layernorm(out) if hasattr(blk, "pre_feedforward_layernorm") else out
                         import veloxquant_mlx.builder as package   # the package's copy, whichever copy patched
-                        c.report_hidden(package._hidden_cosine(h, r))
+                        if hasattr(c, "report_hidden_rows"): c.report_hidden_rows(h, r, package._hidden_cosine)
+                        else: c.report_hidden(package._hidden_cosine(h, r))     # one sequence
                     return out
             cls._veloxquant_orig_call = orig
             cls.__call__ = call

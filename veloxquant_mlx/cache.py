@@ -125,7 +125,7 @@ def reset(self:EvictingCache, **budget):
     self.store.reset()
     self.offset, self.count, self.evicted, self.prompt_done = 0, 0, False, False
     self._attn_pos, self._pending, self._prompt_end, self._obs_q = None, False, False, None
-    self._contiguous, self._own_mask = True, False      # held positions still a contiguous run; attention needs a mask
+    self._contiguous = True                             # held positions still a contiguous run (nothing chosen)
     self.concentration = self.hidden_cosine = None
     if "budget" in budget:
         b = budget.pop("budget")
@@ -239,7 +239,6 @@ def _update_in_place(self:EvictingCache, keys, values, start:int):
     self.positions[:, :, i:i + 1] = start
     self.scores[:, :, i:i + 1] = 0.0
     self.count += 1
-    self._own_mask = False
     self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
     self._attn_pos = self.positions[:, :, :self.count] if self.count < self.positions.shape[2] else self.positions
     kv = self.store.view(self.count)
@@ -260,7 +259,7 @@ def _update_evict_slot(self:EvictingCache, keys, values, start:int):
         follow = lambda a, new: mx.take_along_axis(mx.concatenate([a[:, :, :self.count], new], axis=2), order, axis=2)
         self.positions, self.scores = follow(self.positions, new_pos), follow(self.scores, zero)
     self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
-    self.evicted, self._contiguous, self._own_mask = True, False, False
+    self.evicted, self._contiguous = True, False
     self._attn_pos = self.positions
     return self.store.view(self.count)
 
@@ -287,7 +286,7 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     if held is not None: cand = [mx.concatenate([h, c], axis=2) for h, c in zip(held, cand)]
     self.store.append(keys, values)
     self.positions, self.scores = cand
-    self.count, self._attn_pos, self._own_mask = cand[0].shape[2], cand[0], True
+    self.count, self._attn_pos = cand[0].shape[2], cand[0]
     self.scores = self._observe_keys(self.scores, keys, new_pos)
     kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
@@ -400,8 +399,9 @@ def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qp
     if self.store.quantized:
         if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
         return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, self.window)
-    if self.window is None or (N == 1 and not self._own_mask): m = None if N == 1 else "causal"
-    else:
+    if self.window is None: m = None if N == 1 else "causal"
+    elif N == 1 and self._contiguous and self.count <= self.window: m = None   # nothing evicted: all held visible
+    else:                                  # one token too: a token kept at a choice may since have left the window
         m = visible(self._attn_pos, qpos, self.window)                     # [B, H_kv, N, L]
         rep = queries.shape[1] // m.shape[1]
         if rep > 1: m = mx.repeat(m, rep, axis=1)
@@ -486,7 +486,7 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     self._recent_asked, self._slack_asked = meta["recent_asked"], meta["slack_asked"]
     self._measure, self.info = meta["measure"], meta["info"]
     self.coordinator = None
-    self._attn_pos, self._pending, self._prompt_end, self._own_mask = None, False, False, False
+    self._attn_pos, self._pending, self._prompt_end = None, False, False
     self._contiguous = meta["contiguous"]
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
     self._check_meta()
@@ -576,10 +576,9 @@ def trim(self:EvictingCache, n:int)->int:
 
 @patch(cls_method=True)
 def merge(cls:EvictingCache, caches):
-    "Batch merging (mlx-lm's batch server) is refused: a batch cache would silently drop the eviction policy."
-    raise TypeError(f"{cls.__name__} cannot be merged into a batch cache: mlx-lm's batch generation would replace it "
-                    "with a plain cache and drop eviction. Generate one prompt at a time (a batch of B rows in one "
-                    "call is supported).")
+    "mlx-lm's batch of one-sequence layers: a `BatchEvictingCache` (notebook 03b) whose rows keep their own policy."
+    from veloxquant_mlx.batch import BatchEvictingCache    # imported here: the batch module builds on this one
+    return BatchEvictingCache.merge(caches)
 
 # %% ../nbs/03_cache.ipynb #0325a391
 @patch(as_prop=True)
