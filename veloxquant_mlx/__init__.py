@@ -20,10 +20,11 @@ from .cache import (EvictingCache, H2OCache, PyramidKVCache, SnapKVCache, Squeez
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SqueezeCoordinator
 from .methods import Method, Param, register, methods_table
 from .builder import KVCacheConfig, KVCacheFactory, KVCacheBuilder, cache_summary, coordinator_of
+from .batch import BatchEvictingCache
 __all__ = ["concentration_score", "layer_concentration", "pyramid_budgets", "squeeze_budgets", "allocate_exact",
            "Policy", "KeyProxy", "CumulativeAttention", "ObservationWindow", "LastQuery", "Recency", "ChunkKV",
            "Storage", "FloatStorage", "GroupStorage", "KiviStorage", "make_storage",
-           "EvictingCache", "H2OCache", "PyramidKVCache", "SnapKVCache", "SqueezeAttentionCache",
+           "EvictingCache", "BatchEvictingCache", "H2OCache", "PyramidKVCache", "SnapKVCache", "SqueezeAttentionCache",
            "install_attention_hook", "remove_attention_hook",
            "Schedule", "Uniform", "Pyramid", "Squeeze", "SqueezeCoordinator",
            "Method", "Param", "register", "methods_table",

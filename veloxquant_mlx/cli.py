@@ -303,8 +303,9 @@ def _common(p):
     p.add_argument("--kv-bits", type=int, default=None, help="store kept keys and values at 8, 4 or 2 bits (default: "
                    "the model's dtype); on 'full': every token kept, quantized on every layer")
     p.add_argument("--kv-group-size", type=int, default=None, help="elements per scale and bias: 32, 64 or 128")
-    p.add_argument("--kv-scheme", default=None, help="'kivi' (the default: keys per channel, values per token, the newest tokens in full "
-                   "precision), 'group' (mlx-lm's layout: per-token groups along head_dim), or with "
+    p.add_argument("--kv-scheme", default=None, help="'kivi' (default: keys per channel, values per token, "
+                   "the newest tokens in full precision), 'group' (mlx-lm's layout: per-token groups along "
+                   "head_dim), or with "
                    "--method full 'mlx' (mlx-lm's own QuantizedKVCache: global layers only)")
     for q in method_params():
         p.add_argument("--" + q.name.replace("_", "-"), dest=q.name, type=q.type, choices=q.choices, default=None,
@@ -336,8 +337,6 @@ def build_parser()->argparse.ArgumentParser:
     k.add_argument("--key", default="52817", help="the pass key")
     k.add_argument("--depth", type=float, default=0.5, help="where the key sits, 0..1")
     k.add_argument("--model", default=None, help="whose tokenizer counts the tokens (as for generate)")
-    from veloxquant_mlx.serve import add_serve_parser   # `veloxquant serve` (notebook 07a)
-    add_serve_parser(sub)
     return ap
 
 def read_prompt(args, stdin=None)->str:
@@ -373,9 +372,6 @@ def options_from_args(args, methods:list)->list:
     return [RunOptions(cfg(m), args.max_tokens, args.prefill_step) for m in methods]
 
 def _run(args, out, stdin):
-    if args.command == "serve":
-        from veloxquant_mlx.serve import serve_from_args   # notebook 07a
-        return serve_from_args(args)
     if args.command == "passkey":
         model, tok = load_cli_model(args.model)
         try: out.write(passkey_prompt(args.tokens, args.key, args.depth, tok) + "\n")

@@ -17,17 +17,18 @@ from .methods import METHODS
 
 # %% auto #0
 __all__ = ['FULL', 'VARIANTS', 'GRID', 'FAMILIES', 'QUICK', 'FULL_RUN', 'LEVERS', 'RECOMMENDED_ROW', 'FRACTION_ROWS',
-           'QUANT_ROWS', 'LONG_ROWS', 'ROW_SETS', 'SCHEDULE_ROWS', 'FRACTION_RUN', 'FRACTION_RESULTS', 'HEADLINE_ROWS',
-           'GOALS', 'SUMMARY_ROWS', 'GRID_LABELS', 'grid_rows', 'grid_configs', 'make_caches', 'row_fields',
-           'shared_prefill', 'batched_forward', 'needle_prompt', 'passkey_set', 'lcs', 'first_digits', 'score_answer',
-           'docstring_prose', 'PromptFamily', 'family_set', 'greedy_answer', 'batched_greedy', 'kv_bytes', 'prefilled',
-           'check_batched', 'check_shared_prefill', 'ppl_sequences', 'score_continuation', 'batched_score', 'Tally',
-           'compress_prompt', 'perplexity_rows', 'Answers', 'passkey_rows', 'machine_info', 'run_grid',
-           'attention_windows', 'kv_bytes_bf16', 'full_bytes_bf16', 'bytes_per_token', 'fraction_config', 'row_name',
-           'fraction_rows', 'fraction_passkey', 'fraction_perplexity', 'run_fraction_grid', 'own_prefill_answers',
-           'prefill_peak', 'run_prefill_study', 'merge_results', 'combine_runs', 'format_table', 'gap_table',
-           'markdown_table', 'paired_nll', 'squeeze_schedules', 'partial_chance', 'plot_results', 'main',
-           'load_fraction_results', 'fraction_table', 'fraction_headline', 'plot_fraction_results', 'perplexity_study',
+           'QUANT_ROWS', 'LONG_ROWS', 'ROW_SETS', 'SCHEDULE_ROWS', 'FRACTION_RUN', 'FRACTION_RESULTS', 'QUANT_RESULTS',
+           'PPL_RESULTS', 'PREFILL_RESULTS', 'HEADLINE_ROWS', 'GOALS', 'PPL_ROWS', 'PPL_PLAN', 'SUMMARY_ROWS',
+           'GRID_LABELS', 'grid_rows', 'grid_configs', 'make_caches', 'row_fields', 'shared_prefill', 'batched_forward',
+           'needle_prompt', 'passkey_set', 'lcs', 'first_digits', 'score_answer', 'docstring_prose', 'PromptFamily',
+           'family_set', 'greedy_answer', 'batched_greedy', 'kv_bytes', 'prefilled', 'check_batched',
+           'check_shared_prefill', 'ppl_sequences', 'score_continuation', 'batched_score', 'Tally', 'compress_prompt',
+           'perplexity_rows', 'Answers', 'passkey_rows', 'machine_info', 'run_grid', 'attention_windows',
+           'kv_bytes_bf16', 'full_bytes_bf16', 'bytes_per_token', 'fraction_config', 'row_name', 'fraction_rows',
+           'fraction_passkey', 'fraction_perplexity', 'run_fraction_grid', 'own_prefill_answers', 'prefill_peak',
+           'run_prefill_study', 'merge_results', 'combine_runs', 'format_table', 'gap_table', 'markdown_table',
+           'paired_nll', 'squeeze_schedules', 'partial_chance', 'plot_results', 'main', 'load_fraction_results',
+           'fraction_table', 'fraction_headline', 'plot_fraction_results', 'perplexity_study',
            'perplexity_table_fraction', 'prefill_table', 'load_results', 'perplexity_table', 'summary_markdown']
 
 # %% ../nbs/11_quality.ipynb #0c8e1023
@@ -885,6 +886,7 @@ def run_fraction_grid(
     time_budget_s: float | None = None,
     model_name: str = "gemma-3-270m",
     log=print,
+    first: int = 0,  # skip the first prompts of each family (a run that extends an earlier one)
 ) -> dict:
     "Pass key per family and prompt length at the fractions of `plan` ({n_tokens: (n_prompts, fractions)}); perplexity."
     rows, t0, out = rows or fraction_rows(), time.perf_counter(), []
@@ -894,7 +896,7 @@ def run_fraction_grid(
             answers, round_s = fraction_passkey(
                 model,
                 tokenizer,
-                family_set(tokenizer, fam, n_prompts, n_tokens, seed),
+                family_set(tokenizer, fam, first + n_prompts, n_tokens, seed)[first:],
                 rows,
                 list(fractions),
                 max_tokens,
@@ -951,6 +953,7 @@ def run_fraction_grid(
         max_tokens=max_tokens,
         seed=seed,
         time_budget_s=time_budget_s,
+        first=first,
     )
     return dict(rows=out, settings=settings, timing=dict(total_s=time.perf_counter() - t0), machine=machine_info())
 
@@ -1352,6 +1355,7 @@ def _main_fraction(a, load_cli_model):
         ppl_texts=a.ppl_samples if a.ppl_samples is not None else 6,
         time_budget_s=a.time_budget,
         model_name=a.model or "gemma-3-270m",
+        first=a.passkey_offset or 0,
         log=lambda *x: print(*x, flush=True),
     )
     out = a.out or "nbs/results/quality_fraction.json"
@@ -1394,7 +1398,9 @@ def main(argv=None):
         help="pool the pass-key rows with this earlier run's JSON (which this run continues)",
     )
     ap.add_argument(
-        "--methods", default=None, help="comma-separated row labels to run (default: every row of the grid)"
+        "--methods",
+        default=None,
+        help="row labels to run, separated by ',' (tokens grid) or ';' (fraction grid: its labels hold commas)",
     )
     ap.add_argument(
         "--grid",
@@ -1464,15 +1470,33 @@ def main(argv=None):
     return res
 
 # %% ../nbs/11_quality.ipynb #b5624992
-FRACTION_RESULTS = ("results/quality_fraction_2k.json", "results/quality_fraction_8k.json")  # relative to nbs/
+FRACTION_RESULTS = ("results/quality_fraction_2k.json", "results/quality_fraction_8k.json",  # relative to nbs/
+                    "results/quality_fraction_8k_landmark.json",  # the 8k run's last landmark prompt (time budget)
+                    "results/quality_perplexity.json")  # pass key at 2k and 8k, the perplexity study
+QUANT_RESULTS = "results/quality_fraction_quant.json"  # the quantized rows (2k), a run of their own
+PPL_RESULTS, PREFILL_RESULTS = FRACTION_RESULTS[3], "results/quality_prefill.json"
 HEADLINE_ROWS = [row_name(RECOMMENDED_ROW), "snapkv", "chunkkv", "tova", "streamingllm", "h2o", "pyramidkv", "squeeze",
                  "mlx-rotating"]  # the README's rows: the recommended configuration, then the registry's methods
 
+def _pool(a:dict, b:dict)->dict:
+    "Two runs' pass-key rows of the same setting as one: counts added, means weighted by prompts, answers joined."
+    n = a["samples"] + b["samples"]
+    mean = lambda k: (a[k] * a["samples"] + b[k] * b["samples"]) / n
+    return {**a, **{k: mean(k) for k in ("accuracy", "partial", "kv_fraction", "kv_fraction_bf16", "kv_bytes")},
+            "samples": n, "seconds": a["seconds"] + b["seconds"], "answers": a["answers"] + b["answers"],
+            "texts": a["texts"] + b["texts"]}
+
 def load_fraction_results(*paths:str)->dict:
-    "The fraction grid's runs (2k and 8k prompts may come from separate runs), their rows pooled."
-    runs = [json.loads(open(p).read()) for p in paths]
-    return dict(rows=[r for run in runs for r in run["rows"]], runs=[{k: v for k, v in run.items() if k != "rows"}
-                                                                      for run in runs])
+    "The fraction grid's runs (2k and 8k prompts may come from separate runs, or one extend another), rows pooled."
+    runs, rows = [json.loads(open(p).read()) for p in paths], {}
+    for run in runs:
+        for r in run["rows"]:
+            k = (r["task"], r.get("family"), r.get("length"), r["fraction"], r["name"])
+            rows[k] = _pool(rows[k], r) if k in rows and r["task"] == "passkey" else r
+    for r in rows.values():  # the full cache's accuracy over the pooled prompts
+        if r["task"] == "passkey":
+            r["full_accuracy"] = rows[("passkey", r["family"], r["length"], 1.0, "full")]["accuracy"]
+    return dict(rows=list(rows.values()), runs=[{k: v for k, v in run.items() if k != "rows"} for run in runs])
 
 # %% ../nbs/11_quality.ipynb #4e7d4f90
 def _hits(r:dict)->int: return round(r["accuracy"] * r["samples"])
@@ -1502,7 +1526,7 @@ def fraction_table(res:dict, # `load_fraction_results`
             row.append(" · ".join(f"{_hits(got[fm])}/{full[(l, fm)]}" if fm in got else "-" for fm in fams))
         for f in ppl_fr:
             r = next((r for r in pp if r["name"] == name and r["fraction"] == f), None)
-            row.append("-" if r is None else f"+{100 * (r['ppl_ratio'] - 1):.1f}%")
+            row.append("-" if r is None else f"{100 * (r['ppl_ratio'] - 1):+.1f}%")
         lines.append(f"| `{name}` | " + " | ".join(row) + " |")
     return "\n".join(lines + ["", f"(keys retrieved / the full cache's, per family: {' · '.join(fams)})"])
 
@@ -1526,7 +1550,7 @@ def fraction_headline(
         )
     pp = [r for r in res["rows"] if r["task"] == "perplexity" and r["name"] == name]
     ppl = "; ".join(
-        f"perplexity +{100 * (r['ppl_ratio'] - 1):.1f}% at {100 * r['fraction']:g}%"
+        f"perplexity {100 * (r['ppl_ratio'] - 1):+.1f}% at {100 * r['fraction']:g}%"
         for r in sorted(pp, key=lambda r: -r["fraction"])
     )
     return f"`{name}`: " + "; ".join(parts) + (f"; {ppl} ({pp[0]['samples']} texts)" if pp else "") + "."
@@ -1557,6 +1581,10 @@ def plot_fraction_results(
             got = [r for r in pk if r["name"] == n and r["length"] == l and r["fraction"] == f]
             fh = sum(full[(l, r["family"])] for r in got)
             share.append(sum(_hits(r) for r in got) / fh if fh else 0.0)
+            if not got:  # a row this run did not measure at this length and share: say so, not a zero bar
+                ax.text(0.02, len(share) - 1, "not run", fontsize=6, color="0.5", va="center")
+            elif share[-1] == 0:
+                ax.text(0.02, len(share) - 1, "0", fontsize=6, va="center")
         ax.barh(
             range(len(names)), share, color=["tab:green" if v >= GOALS.get((l, f), 1) else "tab:gray" for v in share]
         )
@@ -1599,6 +1627,13 @@ def perplexity_study(model, tokenizer,
                     context=context, score_tokens=score_tokens)
     return dict(rows=out, settings=settings, timing=dict(total_s=time.perf_counter() - t0), machine=machine_info())
 
+# %% ../nbs/11_quality.ipynb #5a1c0e07
+_SPLIT = dict(slack=8, window_method="streamingllm")
+PPL_ROWS = [("streamingllm", {}, {}), ("mlx-rotating", {}, {}), ("chunkkv", dict(chunk=16), {}), ("snapkv", {}, {})] + [
+    ("chunkkv", dict(chunk=16), dict(window_budget=w, **_SPLIT)) for w in (32, 64, 96)]
+PPL_PLAN = {0.25: PPL_ROWS + [("chunkkv", dict(chunk=16), dict(window_budget=w, **_SPLIT)) for w in (128, 160)],
+            0.125: PPL_ROWS}  # share -> rows (160 x 15 windowed layers do not fit 12.5% of a 1,536-token prompt)
+
 # %% ../nbs/11_quality.ipynb #5a1c0e03
 def perplexity_table_fraction(res:dict)->str: # `perplexity_study`'s JSON
     "Perplexity increase (%) and KV bytes held per row (lines) and share of the full cache (columns), in Markdown."
@@ -1608,7 +1643,7 @@ def perplexity_table_fraction(res:dict)->str: # `perplexity_study`'s JSON
              "|---|" + "---:|" * len(fracs)]
     for name in dict.fromkeys(r["name"] for r in pp):
         got = {r["fraction"]: r for r in pp if r["name"] == name}
-        cells = [f"+{100 * (got[f]['ppl_ratio'] - 1):.1f}% ({100 * got[f]['kv_fraction_bf16']:.0f}%)" if f in got
+        cells = [f"{100 * (got[f]['ppl_ratio'] - 1):+.1f}% ({100 * got[f]['kv_fraction_bf16']:.0f}%)" if f in got
                  else "-" for f in fracs]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
