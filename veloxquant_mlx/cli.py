@@ -292,7 +292,7 @@ def _common(p):
     p.add_argument("--recent", type=int, default=0, help="newest tokens never evicted (H2O's local window)")
     p.add_argument("--kv-fraction", type=float, default=None,
                    help="keep this share of the full cache's token slots, set when the prompt's length is known "
-                        "(instead of --budget)")
+                        "(instead of --budget); with --kv-bits each kept token costs fewer bytes on top")
     p.add_argument("--compress", choices=("chunk", "prompt_end"), default=None,
                    help="when layers choose: after every prefill chunk, or once the whole prompt is read")
     p.add_argument("--slack", type=int, default=None, help="a choice keeps budget - slack tokens; the next slack evict "
