@@ -337,6 +337,8 @@ def build_parser()->argparse.ArgumentParser:
     k.add_argument("--key", default="52817", help="the pass key")
     k.add_argument("--depth", type=float, default=0.5, help="where the key sits, 0..1")
     k.add_argument("--model", default=None, help="whose tokenizer counts the tokens (as for generate)")
+    from veloxquant_mlx.serve import add_serve_parser   # `veloxquant serve` (notebook 07a)
+    add_serve_parser(sub)
     return ap
 
 def read_prompt(args, stdin=None)->str:
@@ -372,6 +374,9 @@ def options_from_args(args, methods:list)->list:
     return [RunOptions(cfg(m), args.max_tokens, args.prefill_step) for m in methods]
 
 def _run(args, out, stdin):
+    if args.command == "serve":
+        from veloxquant_mlx.serve import serve_from_args   # notebook 07a
+        return serve_from_args(args)
     if args.command == "passkey":
         model, tok = load_cli_model(args.model)
         try: out.write(passkey_prompt(args.tokens, args.key, args.depth, tok) + "\n")
