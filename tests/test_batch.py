@@ -50,16 +50,21 @@ def check_live(gen):
         assert isinstance(c, BatchEvictingCache)
         check_batch_layer(c)
 
+def alone_and_late_joiner(model, cfg):
+    "Each prompt alone, then all batched, the third joining at step 3: alone tokens, their caches, batched, extracted."
+    alone_caches = [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS]
+    alone = [greedy_alone(model, p, c, T, STEP) for p, c in zip(PROMPTS, alone_caches)]
+    got, extracted = greedy_batched(model, PROMPTS, [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS], T,
+                                    arrivals=[0, 0, 3], prefill_step_size=STEP, on_step=check_live)
+    return alone, alone_caches, got, extracted
+
 CASES = [("gemma3", n) for n in CONFIGS] + [("llama", n) for n in ("h2o", "squeeze", "tova", "snapkv-chunk",
                                                                      "h2o-fraction")]
 
 @pytest.mark.parametrize("arch,name", CASES)
 def test_rows_equal_alone_with_a_late_joiner(arch, name):
     model, cfg = model_for(arch), config(name)
-    alone_caches = [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS]
-    alone = [greedy_alone(model, p, c, T, STEP) for p, c in zip(PROMPTS, alone_caches)]
-    got, extracted = greedy_batched(model, PROMPTS, [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS], T,
-                                    arrivals=[0, 0, 3], prefill_step_size=STEP, on_step=check_live)
+    alone, alone_caches, got, extracted = alone_and_late_joiner(model, cfg)
     assert got == alone
     for ex, al in zip(extracted, alone_caches):
         assert [c.offset for c in ex] == [c.offset for c in al]
@@ -87,10 +92,7 @@ def test_quantized_rows_equal_alone(arch, name, kw):
     key = ("q", arch)
     if key not in MODELS: MODELS[key] = tiny_model(arch, n_layers=3, head_dim=64)
     model, cfg = MODELS[key], KVCacheConfig.for_method(name, BUDGET, **kw)
-    alone_caches = [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS]
-    alone = [greedy_alone(model, p, c, T, STEP) for p, c in zip(PROMPTS, alone_caches)]
-    got, extracted = greedy_batched(model, PROMPTS, [KVCacheBuilder.for_model(model, cfg) for _ in PROMPTS], T,
-                                    arrivals=[0, 0, 3], prefill_step_size=STEP, on_step=check_live)
+    alone, alone_caches, got, extracted = alone_and_late_joiner(model, cfg)
     assert got == alone
     for ex, al in zip(extracted, alone_caches):
         assert [c.store.scheme for c in ex] == [c.store.scheme for c in al]

@@ -1614,18 +1614,14 @@ def perplexity_study(model, tokenizer,
                      context:int=1536, # tokens read as a prompt (chosen at its end)
                      score_tokens:int=256, # tokens scored after it
                      log=print)->dict:
-    "Perplexity per (row, share) after a `context`-token prompt, in the fraction grid's JSON layout."
-    out, t0 = [], time.perf_counter()
-    for fraction, rows in plan.items():
-        tallies = fraction_perplexity(model, tokenizer, rows, [fraction], n_texts, context, score_tokens, log=log)
-        full = tallies[("full", 1.0)].ppl
-        for (name, f), t in tallies.items():
-            out.append(dict(task="perplexity", name=name, fraction=f, ppl=t.ppl, ppl_ratio=t.ppl / full,
-                            samples=len(t.per_text), kv_fraction_bf16=t.kv / t.full_kv, context_tokens=context,
-                            scored_tokens=score_tokens))
+    "Perplexity per (row, share) after a `context`-token prompt: the fraction grid's perplexity task, a run per share."
+    t0 = time.perf_counter()
+    runs = [run_fraction_grid(model, tokenizer, {}, rows=rows, ppl_fractions=(fraction,), ppl_texts=n_texts,
+                              ppl_context=context, ppl_tokens=score_tokens, log=log) for fraction, rows in plan.items()]
     settings = dict(plan={str(f): [row_name(r) for r in rs] for f, rs in plan.items()}, n_texts=n_texts,
                     context=context, score_tokens=score_tokens)
-    return dict(rows=out, settings=settings, timing=dict(total_s=time.perf_counter() - t0), machine=machine_info())
+    return dict(rows=[r for run in runs for r in run["rows"]], settings=settings,
+                timing=dict(total_s=time.perf_counter() - t0), machine=machine_info())
 
 # %% ../nbs/11_quality.ipynb #5a1c0e07
 _SPLIT = dict(slack=8, window_method="streamingllm")
