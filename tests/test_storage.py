@@ -151,8 +151,8 @@ def test_quality_harness_shared_prefill_and_batches():
     for (a, n), (b, k) in zip(seq, bat): assert n == k and abs(a - b) <= 1e-4 * abs(a) + 1e-3
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match=r"`kv_bits` must be one of \(2, 4, 8\)"):
-        KVCacheConfig.for_method("h2o", 64, kv_bits=6)
+    with pytest.raises(ValueError, match=r"`kv_bits` must be one of \(2, 3, 4, 5, 6, 8\)"):
+        KVCacheConfig.for_method("h2o", 64, kv_bits=7)
     with pytest.raises(ValueError, match="`kv_group_size` must be one of"):
         KVCacheConfig.for_method("h2o", 64, kv_bits=4, kv_group_size=24)
     with pytest.raises(ValueError, match="`kv_scheme` must be one of"):

@@ -11,6 +11,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 import veloxquant_mlx.cache as _cache_module
 from .cache import EvictingCache, install_attention_hook, COMPRESS
 from .coordinator import Uniform, KVFraction, WindowSplit
+from .planner import KVPlan
 from .methods import METHODS, SCORE, SIGNAL
 from .policies import _check_int
 from .allocators import _check_real
@@ -26,7 +27,9 @@ __all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'RECOMMENDED',
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
 _SHARED = ("n_recent", "compress", "slack", "kv_fraction", "window_budget", "window_method", "head_dim", "kv_bits",
-           "kv_group_size", "kv_scheme")  # for_method keywords that are fields, not method parameters
+           "kv_group_size", "kv_scheme", "window_kv_bits")  # for_method keywords that are fields, not method parameters
+
+def _bits(v:str): return v if v == "auto" else int(v)
 
 @dataclass
 class KVCacheConfig:
@@ -37,14 +40,15 @@ class KVCacheConfig:
     n_recent:int = 0 # newest tokens every layer protects (H2O's local window; 0 = the method documents' rule)
     compress:str = "prompt_end" # when layers choose: once the prompt is read, or "chunk": after every forward pass
     slack:int = 0 # a choice keeps `budget - slack` tokens; the next `slack` (an answer being copied) evict nothing
-    kv_fraction:float|None = None # instead of `budget`: keep this share of the full cache's token slots (prompt_end)
+    kv_fraction:float|None = None # instead of `budget`: keep this share of the full cache's bf16 bytes (prompt_end)
     window_budget:int|None = None # tokens per sliding-window layer; the global layers share the rest
     window_method:str|None = None # the method whose policy the sliding-window layers use (None: the same)
     params:dict = field(default_factory=dict) # the method's own parameters; missing ones take their defaults
     head_dim:int|None = None # optional: checked against the model's head_dim
-    kv_bits:int|None = None # bits per stored key/value element: None (the model's dtype), 8, 4 or 2
+    kv_bits:int|str|None = None # bits per stored element: None (the model's dtype), 8, 6, 5, 4, 3, 2; "auto": planned
     kv_group_size:int = 64 # elements sharing one scale and bias (32, 64 or 128)
     kv_scheme:str = "kivi" # "kivi" (per-channel keys, residual), "group" (mlx-lm's layout); "mlx": mlx-lm's cache
+    window_kv_bits:int|None = None # the sliding-window layers' bits if not `kv_bits` (16: the model's dtype)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -99,19 +103,38 @@ class KVCacheConfig:
 
     def _check_kv(self):
         "The storage format, and whether this method can use it (mlx-lm's caches quantize only group-wise)."
+        if self.kv_bits == "auto": return self._check_auto()
         mlx = self.kv_scheme == "mlx"
         if mlx and "mlx" not in self.entry.kv_storage:
             raise ValueError(f"`kv_scheme`='mlx' (mlx-lm's own QuantizedKVCache, which cannot evict) is for method "
                              f"'full' only, got method {self.method!r}; its layout is kv_scheme='group'")
         check_kv_format(self.kv_bits, self.kv_group_size, "group" if mlx else self.kv_scheme, self.head_dim)
+        if self.window_kv_bits is not None:
+            if mlx: raise ValueError("`window_kv_bits` needs this library's storage, not kv_scheme='mlx'")
+            if self.window_kv_bits != 16: check_kv_format(self.window_kv_bits, self.kv_group_size, self.kv_scheme)
         if self.kv_bits is not None and self.entry.kv_storage == "none":
             raise ValueError(f"method {self.method!r} keeps mlx-lm's float caches (`kv_bits`={self.kv_bits}): "
                              "mlx-lm cannot quantize RotatingKVCache; 'streamingllm' is the same policy in this "
                              "library's cache")
 
-    def storage(self):
-        "A fresh storage for one layer: the model's dtype, or `kv_bits` in `kv_scheme`."
-        return make_storage(self.kv_bits, self.kv_group_size, self.kv_scheme)
+    def layer_bits(self, windowed:bool=False)->int|None:
+        "Bits of a global (or sliding-window) layer's storage; None for the model's dtype (8 until 'auto' plans)."
+        if self.kv_bits == "auto": return 8
+        if not windowed or self.window_kv_bits is None: return self.kv_bits
+        return None if self.window_kv_bits == 16 else self.window_kv_bits
+
+    def _check_auto(self):
+        "`kv_bits='auto'`: the byte planner chooses every layer's width from `kv_fraction` at the prompt's end."
+        check_kv_format(4, self.kv_group_size, "kivi", self.head_dim)
+        why = ("needs `kv_fraction` (the share of bytes to plan)" if self.kv_fraction is None else
+               "needs kv_scheme='kivi'" if self.kv_scheme != "kivi" else
+               "chooses the widths itself: drop `window_kv_bits`" if self.window_kv_bits is not None else
+               "needs an eviction method" if not self.entry.budgeted or self.entry.baseline else None)
+        if why: raise ValueError(f"`kv_bits`='auto' {why} (method {self.method!r}, kv_fraction={self.kv_fraction})")
+
+    def storage(self, windowed:bool=False): # a sliding-window layer's storage (`window_kv_bits`)?
+        "A fresh storage for one layer: the model's dtype, or its bits in `kv_scheme`."
+        return make_storage(self.layer_bits(windowed), self.kv_group_size, self.kv_scheme)
 
     def __getattr__(self, name):
         "The method's parameters read as attributes (`config.beta`)."
@@ -133,7 +156,10 @@ class KVCacheConfig:
     def schedule(self):
         "The schedule: the method's own, or `kv_fraction` / `window_budget`'s split (None for a baseline)."
         if self.entry.baseline: return None
-        if self.kv_fraction is not None: return KVFraction(self.kv_fraction, self.window_budget)
+        if self.kv_bits == "auto": return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
+        if self.kv_fraction is not None:
+            return KVFraction(self.kv_fraction, self.window_budget, self.layer_bits(), self.layer_bits(True),
+                              self.kv_group_size, self.kv_scheme)
         if self.window_budget is not None: return WindowSplit(self.window_budget)
         return self.entry.schedule(self.params)
 
@@ -151,7 +177,7 @@ class KVCacheConfig:
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
         shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None),
                   ("window_budget", None), ("window_method", None), ("kv_bits", None), ("kv_group_size", 64),
-                  ("kv_scheme", "kivi"))
+                  ("kv_scheme", "kivi"), ("window_kv_bits", None))
         diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 
@@ -163,7 +189,7 @@ class KVCacheConfig:
         name, _, rest = label.partition("[")
         if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
         shared = dict(n_recent=int, compress=str, slack=int, kv_fraction=float, window_budget=int, window_method=str,
-                      kv_bits=int, kv_group_size=int, kv_scheme=str)
+                      kv_bits=_bits, kv_group_size=int, kv_scheme=str, window_kv_bits=int)
         types = {p.name: p.type for p in METHODS[name].params} | shared
         kwargs = {}
         for part in filter(None, rest.rstrip("]").split(",")):
@@ -187,15 +213,16 @@ class KVCacheConfig:
 
 # %% ../nbs/05_builder.ipynb #a8059f98
 DEFAULT_FRACTION = 0.25  # the share of the full cache kept when neither a fraction nor a budget is given
-RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", window_budget=32, slack=8,
-                   params=dict(chunk=16))  # measured: notebook 11 (pass key and perplexity, two prompt families)
+RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", kv_bits="auto",
+                   params=dict(chunk=16))  # measured: every task, two families each (the every-task page)
 
-def recommended_config(kv_fraction:float|None=None, # share of the full cache's token slots (default DEFAULT_FRACTION)
+def recommended_config(kv_fraction:float|None=None, # share of the full cache's bf16 bytes (default DEFAULT_FRACTION)
                        budget:int|None=None, # or: average tokens per layer
                        **overrides)->KVCacheConfig: # any KVCacheConfig field or method parameter
     "The library's default configuration at `kv_fraction` (or `budget`), with `overrides`."
     if kv_fraction is None and budget is None: kv_fraction = DEFAULT_FRACTION
     fields = dict(RECOMMENDED, params=dict(RECOMMENDED["params"]))
+    if kv_fraction is None: fields["kv_bits"] = None                      # tokens per layer: evict, in float
     method = overrides.pop("method", fields.pop("method"))
     if method != RECOMMENDED["method"]: fields["params"] = {}
     for k in list(overrides):
@@ -210,7 +237,7 @@ def _layer(cls, **kwargs)->EvictingCache:
     EvictingCache.__init__(obj, **kwargs)
     return obj
 
-def _layer_args(config:KVCacheConfig, budget:int|None, window:int|None)->dict:
+def _layer_args(config:KVCacheConfig, budget:int|None, window:int|None, unpacked:bool=False)->dict:
     "The arguments every layer of `config` shares, fitted to a layer of `budget` tokens."
     policy = config.policy if window is None else config.window_policy
     s, r, slack = config.n_sink, config.n_recent, config.slack
@@ -220,7 +247,8 @@ def _layer_args(config:KVCacheConfig, budget:int|None, window:int|None)->dict:
     if policy.needs_queries: install_attention_hook()             # real-query scores arrive through the hook
     method = config.window_method if window is not None and config.window_method else config.method
     return dict(budget=budget, n_sink=s, window=window, policy=policy, recent=r, compress=config.compress, slack=slack,
-                method=method, info={"avg_budget": config.budget, **config.params}, storage=config.storage())
+                method=method, info={"avg_budget": config.budget, **config.params},
+                storage=make_storage(None) if unpacked else config.storage(window is not None))
 
 def _layer_class(config:KVCacheConfig)->type:
     m = config.entry
@@ -330,9 +358,11 @@ class KVCacheBuilder:
     def for_model(model:nn.Module, # an mlx-lm model
                   config:KVCacheConfig): # the method and its budget
         "The prompt cache to pass as `prompt_cache=` to `mlx_lm.generate` / `stream_generate`."
-        if config.kv_bits is not None:                                # groups along head_dim must divide it
+        hd = _model_head_dim(model)
+        unpacked = config.kv_bits == "auto" and hd is not None and hd % config.kv_group_size != 0  # planner: floats
+        if config.kv_bits not in (None, "auto"):                      # groups along head_dim must divide it
             scheme = "group" if config.kv_scheme == "mlx" else config.kv_scheme
-            check_kv_format(config.kv_bits, config.kv_group_size, scheme, _model_head_dim(model))
+            check_kv_format(config.kv_bits, config.kv_group_size, scheme, hd)
         if config.entry.baseline: return config.entry.build(model, config)
         base = _base_caches(model)
         slots = _attention_slots(base)
@@ -340,17 +370,17 @@ class KVCacheBuilder:
             kinds = sorted({type(c).__name__ for c in base})
             raise ValueError(f"{type(model).__name__}: no attention layer found among its {len(base)} cache slots "
                              f"(slot types {kinds}); eviction needs KVCache or RotatingKVCache layers")
-        hd = _model_head_dim(model)
         if config.head_dim is not None and hd is not None and config.head_dim != hd:
             raise ValueError(f"`head_dim` is {config.head_dim} in the config but the model's is {hd}")
-        plan = config.schedule.plan(len(slots), config.budget, config.n_sink, [w for _, w in slots])
+        schedule = replace(config.schedule, ladder=()) if unpacked else config.schedule
+        plan = schedule.plan(len(slots), config.budget, config.n_sink, [w for _, w in slots])
         co = None if isinstance(plan, list) else plan                      # a coordinator sets the budgets later
         if getattr(co, "signal", None) == "hidden_cosine": install_hidden_signal_hooks(model, [i for i, _ in slots])
         budgets = [None] * len(slots) if co is not None else plan
         caches = list(base)
         for j, ((i, w), b) in enumerate(zip(slots, budgets)):
             cls = EvictingCache if w is not None and config.window_method else _layer_class(config)
-            caches[i] = _layer(cls, coordinator=co, layer_idx=j, **_layer_args(config, b, w))
+            caches[i] = _layer(cls, coordinator=co, layer_idx=j, **_layer_args(config, b, w, unpacked))
         install_attention_hook()
         return caches
 

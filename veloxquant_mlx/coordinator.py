@@ -8,8 +8,8 @@ from .allocators import squeeze_budgets, allocate_exact, _check_int, _check_real
 
 # %% auto #0
 __all__ = ['SIGNALS', 'SqueezeCoordinator', 'kmeans_1d', 'hidden_cosine_budgets', 'Schedule', 'Uniform', 'Pyramid', 'Squeeze',
-           'full_slots', 'fraction_budgets', 'window_split_budgets', 'PromptEndCoordinator', 'KVFraction',
-           'WindowSplit']
+           'full_slots', 'slot_bytes', 'residual_slots', 'fraction_budgets', 'window_split_budgets',
+           'PromptEndCoordinator', 'KVFraction', 'WindowSplit']
 
 # %% ../nbs/04_coordinator.ipynb #d53cbe5e
 SIGNALS = ("key_dispersion", "hidden_cosine")
@@ -181,33 +181,83 @@ class Squeeze(Schedule):
 import math
 
 def full_slots(n_tokens:int, # tokens seen (the prompt's length)
-               windows:list)->list: # per-layer sliding window, None for a global layer
+               windows:list, # per-layer sliding window, None for a global layer
+              )->list:
     "Token slots each layer of a full cache holds after `n_tokens`: all of them, or its window's worth."
     return [n_tokens if w is None else min(n_tokens, w) for w in windows]
 
+def slot_bytes(bits:int|None, # bits per stored element; None (or 16) for the model's dtype
+               group_size:int=64, # elements sharing one 16-bit scale and bias
+              )->float:
+    "Bytes of one kept token relative to bfloat16: packed bits plus a scale and a bias per group (1.0 for floats)."
+    return 1.0 if bits in (None, 16) else bits / 16 + 2 / group_size
+
+def residual_slots(bits:int|None, # bits per stored element (None: the model's dtype)
+                   group_size:int=64, # tokens per quantized group
+                   scheme:str="kivi", # KIVI keeps up to a group of newest tokens in full precision
+                  )->int:
+    "Newest tokens a layer may hold in full precision on top of its packed ones (KIVI's residual, at most)."
+    return 0 if bits in (None, 16) or scheme != "kivi" else group_size - 1
+
+
+# %% ../nbs/04_coordinator.ipynb #a1ecee44
+def _fill(full:list, idx:list, tokens:int, floor:int)->dict:
+    "`tokens` shared among layers `idx` in proportion to their full slots (exact, capped at full)."
+    got = allocate_exact([full[i] for i in idx], tokens, floor, [full[i] for i in idx]) if idx else []
+    return dict(zip(idx, got))
+
+def _uniform_price(prices:list, idx:list)->float:
+    "The one price per token of layers `idx` (a group shares its storage format)."
+    ps = {prices[i] for i in idx}
+    if len(ps) > 1: raise ValueError(f"`slot_bytes` must be equal within the windowed and the global layers, got {ps}")
+    return ps.pop() if ps else 1.0
+
+
+# %% ../nbs/04_coordinator.ipynb #09bd5286
 def fraction_budgets(n_tokens:int, # the prompt's length
-                     fraction:float, # share of the full cache's token slots to keep, in (0, 1]
+                     fraction:float, # share of the full cache's bytes (at bfloat16) to keep, in (0, 1]
                      windows:list, # per-layer sliding window, None for a global layer
                      n_sink:int=4, # every layer keeps at least n_sink + 1 (or everything, if it holds less)
-                     window_budget:int|None=None)->list: # tokens per windowed layer (None: the same fraction as all)
-    "Per-layer budgets that hold exactly `floor(fraction x full slots)` tokens in total, none above its full."
+                     window_budget:int|None=None, # tokens per windowed layer (None: the same fraction as all)
+                     slot_bytes:list|None=None, # per-layer bytes of a kept token relative to bf16 (None: all 1.0)
+                     reserve:list|None=None, # per-layer bytes held beyond the budget, in bf16 token slots
+                    )->list:
+    "Per-layer budgets whose bytes stay within `fraction` of the full cache's, none above its full: all of it spent."
     _check_real("fraction", fraction, 0.0, 1.0)
     if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
     full = full_slots(_check_int("n_tokens", n_tokens, 1), windows)
-    floor = min(n_sink + 1, min(full))
-    total = math.floor(fraction * sum(full))
-    if total < floor * len(full):
-        raise ValueError(f"`kv_fraction`={fraction} keeps {total} token slots of this {n_tokens}-token prompt's "
-                         f"{sum(full)}; its {len(full)} layers need at least {floor * len(full)} (n_sink + 1 each)")
-    if window_budget is None or all(w is None for w in windows): return allocate_exact(full, total, floor, full)
-    fixed = {i: max(floor, min(window_budget, f)) for i, (w, f) in enumerate(zip(windows, full)) if w is not None}
-    rest = [i for i in range(len(full)) if i not in fixed]
-    left = total - sum(fixed.values())
-    if left < floor * len(rest):
-        raise ValueError(f"`window_budget`={window_budget} x {len(fixed)} windowed layers leaves {left} of "
-                         f"{total} token slots for the {len(rest)} global layers (they need {floor * len(rest)})")
-    shared = allocate_exact([full[i] for i in rest], left, floor, [full[i] for i in rest])
-    return [fixed[i] if i in fixed else shared[rest.index(i)] for i in range(len(full))]
+    n = len(full)
+    price, extra = list(slot_bytes or [1.0] * n), list(reserve or [0.0] * n)
+    floor, total = min(n_sink + 1, min(full)), fraction * sum(full) - sum(extra)
+    if total < sum(floor * p for p in price) - 1e-9:
+        raise ValueError(f"`kv_fraction`={fraction} keeps {math.floor(total)} token slots of this {n_tokens}-token "
+                         f"prompt's {sum(full)}; its {n} layers need at least {floor * n} (n_sink + 1 each)")
+    win = [i for i, w in enumerate(windows) if w is not None]
+    if window_budget is None or not win: return _share(full, price, total, floor)
+    glob = [i for i in range(n) if windows[i] is None]
+    fixed = {i: max(floor, min(window_budget, full[i])) for i in win}
+    left = total - sum(fixed[i] * price[i] for i in win)
+    pg = _uniform_price(price, glob)
+    if left < floor * len(glob) * pg - 1e-9:
+        raise ValueError(f"`window_budget`={window_budget} x {len(win)} windowed layers leaves {math.floor(left)} of "
+                         f"{math.floor(total)} token slots for the {len(glob)} global layers (they need "
+                         f"{floor * len(glob)})")
+    g = min(sum(full[i] for i in glob), math.floor(left / pg + 1e-9))
+    out = _fill(full, glob, g, floor)
+    w_tokens = sum(fixed.values()) + math.floor((left - g * pg) / _uniform_price(price, win) + 1e-9)
+    out |= _fill(full, win, min(w_tokens, sum(full[i] for i in win)), floor)   # what the global layers cannot hold
+    return [out[i] for i in range(n)]
+
+def _share(full:list, price:list, total:float, floor:int)->list:
+    "Every layer the same share of its own full cache, bytes counted at each layer's price."
+    s = min(1.0, total / sum(f * p for f, p in zip(full, price)))
+    groups = {}
+    for i, p in enumerate(price): groups.setdefault(p, []).append(i)
+    if len(groups) == 1: return allocate_exact(full, min(sum(full), math.floor(total / price[0] + 1e-9)), floor, full)
+    out = {}
+    for idx in groups.values(): out |= _fill(full, idx, max(floor * len(idx), math.floor(s * sum(full[i] for i in idx) + 1e-9)), floor)
+    return [out[i] for i in range(len(full))]
+
 
 # %% ../nbs/04_coordinator.ipynb #19f89750
 def window_split_budgets(n_layers:int, # attention layers
@@ -235,11 +285,14 @@ class PromptEndCoordinator:
                  fraction:float, # share of the full cache's token slots to keep
                  windows:list, # per-layer sliding window (None for a global layer)
                  n_sink:int=4, # the floor is n_sink + 1
-                 window_budget:int|None=None): # tokens per windowed layer (None: the same fraction everywhere)
+                 window_budget:int|None=None, # tokens per windowed layer (None: the same fraction everywhere)
+                 slot_bytes:list|None=None, # per-layer bytes of a kept token relative to bf16 (None: all 1.0)
+                 reserve:list|None=None): # per-layer bytes held beyond the budget (KIVI's residual), in bf16 slots
         _check_int("n_layers", n_layers, 1)
         if len(windows) != n_layers: raise ValueError(f"`windows` has {len(windows)} entries, expected {n_layers}")
         self.n_layers, self.fraction, self.windows, self.n_sink = n_layers, fraction, list(windows), n_sink
         self.window_budget, self.layers, self._budgets, self.n_tokens = window_budget, {}, None, None
+        self.slot_bytes, self.reserve = slot_bytes or [1.0] * n_layers, reserve or [0.0] * n_layers
 
     def register(self, layer_idx:int, cache):
         "Attach a layer's cache (it waits for its budget)."
@@ -250,7 +303,8 @@ class PromptEndCoordinator:
     def prompt_ended(self, n_tokens:int):
         "The prompt is `n_tokens` long: set every layer's budget (once per prompt)."
         if self._budgets is not None: return
-        self._budgets = fraction_budgets(n_tokens, self.fraction, self.windows, self.n_sink, self.window_budget)
+        self._budgets = fraction_budgets(n_tokens, self.fraction, self.windows, self.n_sink, self.window_budget,
+                                         self.slot_bytes, self.reserve)
         self.n_tokens = n_tokens
         for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
 
@@ -265,6 +319,13 @@ class PromptEndCoordinator:
         if self._budgets is None: raise RuntimeError("the budgets are set when the prompt ends (run the prompt first)")
         return list(self._budgets)
 
+    @property
+    def planned_share(self)->float:
+        "The most of the full cache's bf16 bytes the budgets can hold (below `fraction` only when everything is kept)."
+        full = sum(full_slots(self.n_tokens, self.windows)) if self._budgets is not None else None
+        if full is None: raise RuntimeError("the share is known when the prompt ends (run the prompt first)")
+        return (sum(b * p for b, p in zip(self._budgets, self.slot_bytes)) + sum(self.reserve)) / full
+
     def reset(self):
         "Forget the prompt: every layer empties and waits for the next prompt's length."
         self._budgets = self.n_tokens = None
@@ -273,16 +334,23 @@ class PromptEndCoordinator:
 # %% ../nbs/04_coordinator.ipynb #06f4187a
 @dataclass
 class KVFraction(Schedule):
-    "Budgets as a share of the full cache's token slots, set when the prompt's length is known."
-    fraction:float = 0.25 # share of the full cache's token slots, in (0, 1]
+    "Budgets as a share of the full cache's bf16 bytes, set when the prompt's length is known."
+    fraction:float = 0.25 # share of the full cache's bytes (at bfloat16), in (0, 1]
     window_budget:int|None = None # tokens per windowed layer (None: every layer the same share of its own)
+    kv_bits:int|None = None # the global layers' storage bits (None: the model's dtype)
+    window_kv_bits:int|None = None # the windowed layers' storage bits (None: the model's dtype)
+    kv_group_size:int = 64 # elements per scale and bias
+    kv_scheme:str = "kivi" # "kivi" holds a full-precision residual, priced in `reserve`
     name:ClassVar[str] = "kv_fraction"
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
         if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
         if self.window_budget is not None: _check_int("window_budget", self.window_budget, 1)
     def plan(self, n_layers, avg_budget, n_sink, caps):
-        return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget)
+        bits = [self.kv_bits if c is None else self.window_kv_bits for c in caps]
+        price = [slot_bytes(b, self.kv_group_size) for b in bits]
+        res = [residual_slots(b, self.kv_group_size, self.kv_scheme) * (1 - p) for b, p in zip(bits, price)]
+        return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget, price, res)
 
 @dataclass
 class WindowSplit(Schedule):

@@ -81,7 +81,7 @@ def keep_all_caches(model, config):
     "Every token kept (a sliding-window layer its window) in `EvictingCache`s with the config's storage."
     def layer(c):
         w = c.max_size if type(c) is RotatingKVCache else None
-        return EvictingCache(w, 0, w, Recency(), method=config.method, storage=config.storage())
+        return EvictingCache(w, 0, w, Recency(), method=config.method, storage=config.storage(w is not None))
     caches = [layer(c) if type(c) in (KVCache, RotatingKVCache) else c for c in make_prompt_cache(model)]
     install_attention_hook()                                     # windowed layers mask, quantized ones attend, here
     return caches

@@ -15,11 +15,11 @@ __all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'STORAGES', 'check_kv_form
            'QuantizedStorage', 'GroupStorage', 'KiviStorage', 'make_storage', 'storage_from_meta']
 
 # %% ../nbs/03a_storage.ipynb #st000007
-KV_BITS = (2, 4, 8)  # bits per stored element (values per uint32 word: 16, 8, 4)
+KV_BITS = (2, 3, 4, 5, 6, 8)  # bits per stored element (what mx.quantized_matmul reads)
 KV_GROUP_SIZES = (32, 64, 128)  # elements sharing one scale and bias (what mx.quantized_matmul accepts)
 KV_SCHEMES = ("group", "kivi")  # mlx-lm's per-token groups along head_dim; KIVI's per-channel keys, per-token values
 
-def check_kv_format(kv_bits:int|None, # bits per element: 2, 4 or 8; None keeps the model's dtype
+def check_kv_format(kv_bits:int|None, # bits per element, one of `KV_BITS`; None keeps the model's dtype
                     kv_group_size:int=64, # elements sharing one scale and bias
                     kv_scheme:str="group", # one of `KV_SCHEMES`
                     head_dim:int|None=None): # the model's head_dim, if known (groups along it must divide it)
@@ -34,13 +34,20 @@ def check_kv_format(kv_bits:int|None, # bits per element: 2, 4 or 8; None keeps 
                          "keys) are quantized in groups along head_dim")
 
 # %% ../nbs/03a_storage.ipynb #st000010
-def pack_bits(ints:mx.array, # unsigned integers below 2**bits; last axis a multiple of 32 // bits
-              bits:int)->mx.array: # uint32 words, last axis divided by 32 // bits
-    "Pack `ints` into uint32 words as MLX does: element i of a word in bits [i*bits, (i+1)*bits)."
-    el = 32 // bits
+def pack_bits(ints:mx.array, # unsigned integers below 2**bits; last axis a multiple of 32
+              bits:int, # 2, 3, 4, 5, 6 or 8
+             )->mx.array: # uint32 words, last axis times bits / 32
+    "Pack `ints` as MLX does: one little-endian bit stream, element i in bits [i*bits, (i+1)*bits)."
     *lead, n = ints.shape
-    shifts = mx.arange(el, dtype=mx.uint32) * bits
-    return (ints.astype(mx.uint32).reshape(*lead, n // el, el) << shifts).sum(axis=-1).astype(mx.uint32)
+    x = ints.astype(mx.uint32).reshape(*lead, n // 32, 32)             # 32 elements fill `bits` words exactly
+    off = mx.arange(32, dtype=mx.uint32) * bits
+    word, shift = off // 32, off % 32
+    cross = shift + bits > 32                                           # an element split over two words
+    lo = x << shift                                                     # its low bits, in word `word`
+    hi = mx.where(cross, x >> mx.where(cross, 32 - shift, 0), 0)        # its high bits, in word `word + 1`
+    at = lambda w: (w[:, None] == mx.arange(bits, dtype=mx.uint32)).astype(mx.uint32)  # [32, bits] one-hot
+    words = (lo[..., None] * at(word)).sum(axis=-2) + (hi[..., None] * at(word + 1)).sum(axis=-2)
+    return words.astype(mx.uint32).reshape(*lead, n * bits // 32)
 
 def affine_params(lo:mx.array, hi:mx.array, # each group's range [..., groups]
                   bits:int, dtype)->tuple: # the stored dtype of scales and biases
@@ -58,7 +65,7 @@ def encode_groups(x:mx.array, # values [..., n]
     return pack_bits(q.reshape(*lead, n), bits)
 
 def quantize_groups(x:mx.array, # values [..., n], n a multiple of group_size
-                    bits:int, # 2, 4 or 8
+                    bits:int, # one of `KV_BITS`
                     group_size:int)->tuple: # (packed uint32 [..., n*bits/32], scales, biases [..., n/group_size])
     "Min/max affine quantization of `x` in groups of `group_size` along its last axis."
     *lead, n = x.shape
@@ -247,7 +254,7 @@ def slot_lengths(self:FloatStorage)->tuple:
 class QuantizedStorage(Storage):
     "What the quantized layouts share: attention and mass on the stored form (their `logits` and `mix`), errors, bytes."
     quantized = True
-    def __init__(self, bits:int=4, # 2, 4 or 8
+    def __init__(self, bits:int=4, # one of `KV_BITS`
                  group_size:int=64): # elements per scale and bias
         check_kv_format(bits, group_size, self.scheme)
         self.bits, self.group_size = bits, group_size
@@ -273,6 +280,21 @@ class QuantizedStorage(Storage):
         if x.dtype != s.dtype: x = x.astype(s.dtype)
         y = mx.quantized_matmul(x, p, s, b, transpose=transpose, group_size=self.group_size, bits=self.bits)
         return y if y.dtype == mx.float32 else y.astype(mx.float32)
+
+# %% ../nbs/03a_storage.ipynb #8c3cfb6c
+@patch
+def rebits(self:QuantizedStorage, bits:int): # the new width, one of `KV_BITS`, or 16 (KIVI: never pack)
+    "Store at `bits` from now on: allowed while nothing is packed yet (before the first `settle` that packs)."
+    if not (bits == 16 and self.scheme == "kivi"): check_kv_format(bits, self.group_size, self.scheme)
+    if bits != self.bits and self.packed_slots():
+        raise RuntimeError(f"cannot change `bits` from {self.bits} to {bits}: {self.packed_slots()} tokens are packed")
+    self.bits = bits
+
+@patch
+def packed_slots(self:QuantizedStorage)->int:
+    "Tokens held in packed form."
+    return getattr(self, "P", 0) if self.scheme == "kivi" else self.slots
+
 
 # %% ../nbs/03a_storage.ipynb #st000028
 @patch
@@ -448,8 +470,8 @@ def state(self:GroupStorage)->tuple:
 def set_state(self:GroupStorage, keys, values, meta:dict|None=None):
     "Restore from `state()`."
     self.k, self.v = tuple(keys), tuple(values)
-    el = 32 // self.bits
-    self._dims, self.dtype = (*self.k[0].shape[:2], self.k[0].shape[3] * el, self.v[0].shape[3] * el), self.k[1].dtype
+    el = lambda words: words * 32 // self.bits
+    self._dims, self.dtype = (*self.k[0].shape[:2], el(self.k[0].shape[3]), el(self.v[0].shape[3])), self.k[1].dtype
 
 @patch
 def slot_lengths(self:GroupStorage)->tuple:
@@ -506,7 +528,7 @@ def grow(self:KiviStorage, count:int, new_cap:int):
 def settle(self:KiviStorage):
     "Quantize every full group of residual tokens into the prefix (keys along tokens, values per token)."
     G = self.group_size
-    n = G * (self.kr.shape[2] // G)
+    n = 0 if self.bits == 16 else G * (self.kr.shape[2] // G)                  # 16: held unpacked, all residual
     if not n: return
     kt = self.kr[:, :, :n].swapaxes(-1, -2)                                     # [B, H, D, n]
     k_new, v_new = quantize_groups(kt, self.bits, G), quantize_groups(self.vr[:, :, :n], self.bits, G)
@@ -725,7 +747,7 @@ def slot_lengths(self:KiviStorage)->tuple:
 # %% ../nbs/03a_storage.ipynb #st000049
 STORAGES = {"group": GroupStorage, "kivi": KiviStorage}
 
-def make_storage(kv_bits:int|None=None, # 2, 4 or 8 bits per element; None keeps the model's dtype
+def make_storage(kv_bits:int|None=None, # bits per element (one of `KV_BITS`); None keeps the model's dtype
                  kv_group_size:int=64, # elements per scale and bias
                  kv_scheme:str="group")->Storage: # "group" (mlx-lm's layout) or "kivi"
     "A fresh storage for one layer."
@@ -735,4 +757,8 @@ def make_storage(kv_bits:int|None=None, # 2, 4 or 8 bits per element; None keeps
 def storage_from_meta(meta:dict|None)->Storage:
     "The storage a saved state names (None: float)."
     if meta is None: return FloatStorage()
+    if meta["bits"] == 16:                                          # a KIVI layer a planner left unpacked
+        st = make_storage(8, meta["group_size"], meta["scheme"])
+        st.rebits(16)
+        return st
     return make_storage(meta["bits"], meta["group_size"], meta["scheme"])

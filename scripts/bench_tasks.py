@@ -1,0 +1,40 @@
+"""Every task kind through every row at a share of the full cache's bytes (Gemma 3 270M): `python scripts/bench_tasks.py [--quick]`."""
+import veloxquant_mlx  # first: it loads OpenBLAS (Linux) before MLX
+import argparse, json, time
+from pathlib import Path
+from veloxquant_mlx.builder import KVCacheConfig, recommended_config
+from veloxquant_mlx.eval.tasks import every_task, config_row
+from veloxquant_mlx.models import load_default_model
+
+OLD_DEFAULT = dict(chunk=16, slack=8, window_budget=32, window_method="streamingllm")
+
+def rows_at(shares):
+    "The rows of the study: the default, the old default and two even-share methods at each share; quantization alone."
+    rows = {}
+    for f in shares:
+        rows[f"default@{f}"] = recommended_config(f)
+        rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
+        rows[f"chunkkv@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, chunk=16)
+        rows[f"snapkv@{f}"] = KVCacheConfig.for_method("snapkv", kv_fraction=f)
+    rows["kivi4"] = KVCacheConfig("full", kv_bits=4)
+    rows["kivi2"] = KVCacheConfig("full", kv_bits=2)
+    return rows
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="one prompt per family, one text per kind, 1,024 tokens")
+    ap.add_argument("--shares", default="0.25,0.125")
+    ap.add_argument("--out", default="nbs/results/every_task.json")
+    a = ap.parse_args()
+    shares = [float(s) for s in a.shares.split(",")]
+    model, tok = load_default_model()
+    configs = rows_at(shares)
+    kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else {}
+    t0 = time.perf_counter()
+    res = every_task(model, tok, {k: config_row(c) for k, c in configs.items()}, **kw)
+    res["settings"] = dict(model="Gemma 3 270M (float32, greedy)", shares=shares, quick=a.quick,
+                           rows={k: c.label for k, c in configs.items()}, seconds=round(time.perf_counter() - t0), **kw)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print("wrote", a.out)
+
+if __name__ == "__main__": main()
