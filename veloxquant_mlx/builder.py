@@ -10,26 +10,27 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 import veloxquant_mlx.cache as _cache_module
 from .cache import EvictingCache, install_attention_hook, COMPRESS
-from .coordinator import Uniform, KVFraction, WindowSplit
-from .planner import KVPlan
+from .coordinator import Uniform, Pyramid, Squeeze, KVFraction, WindowSplit
+from .planner import KVPlan, WeightedFraction
 from .methods import METHODS, SCORE, SIGNAL
 from .policies import _check_int
 from .allocators import _check_real
 from .storage import make_storage, check_kv_format, bf16_nbytes
 
 # %% auto #0
-__all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'RECOMMENDED', 'KVCacheConfig', 'recommended_config',
-           'KVCacheFactory', 'install_hidden_signal_hooks', 'remove_hidden_signal_hooks', 'KVCacheBuilder',
-           'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits', 'greedy',
-           'record_attention']
+__all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'SCHEDULES', 'DEFAULT_FRACTION', 'RECOMMENDED', 'KVCacheConfig',
+           'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks', 'remove_hidden_signal_hooks',
+           'KVCacheBuilder', 'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits',
+           'greedy', 'record_attention']
 
 # %% ../nbs/05_builder.ipynb #33749bd8
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
 _SHARED = ("n_recent", "compress", "slack", "kv_fraction", "window_budget", "window_method", "head_dim", "kv_bits",
-           "kv_group_size", "kv_scheme", "window_kv_bits")  # for_method keywords that are fields, not method parameters
+           "kv_group_size", "kv_scheme", "window_kv_bits", "schedule")  # for_method keywords that are fields, not method parameters
 
 def _bits(v:str): return v if v == "auto" else int(v)
+SCHEDULES = ("uniform", "pyramid", "squeeze")  # what `schedule` may name: any of them over any policy
 
 @dataclass
 class KVCacheConfig:
@@ -49,6 +50,7 @@ class KVCacheConfig:
     kv_group_size:int = 64 # elements sharing one scale and bias (32, 64 or 128)
     kv_scheme:str = "kivi" # "kivi" (per-channel keys, residual), "group" (mlx-lm's layout); "mlx": mlx-lm's cache
     window_kv_bits:int|None = None # the sliding-window layers' bits if not `kv_bits` (16: the model's dtype)
+    schedule:str|None = None # how layers share the budget: "uniform", "pyramid", "squeeze" (None: the method's own)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -70,7 +72,7 @@ class KVCacheConfig:
             raise ValueError(f"`n_recent` must be an integer in [0, budget - n_sink - 1] = [0, {hi}], "
                              f"got {self.n_recent!r}")
         if self.entry.baseline: return
-        self.schedule                                                           # validates the schedule's parameters
+        self.layer_schedule                                                     # validates the schedule's parameters
         policy = self.policy if "obs_window" in given else self.policy.fitted(self.budget, self.n_sink)  # defaults fit
         _check_int("slack", self.slack, 0, self.budget - self.n_sink - 1)
         slack = max(0, min(self.slack, self.budget - self.n_sink - max(self.n_recent + 1, policy.obs_window)))  # fits
@@ -83,10 +85,15 @@ class KVCacheConfig:
         ok = tuple(m for m, e in METHODS.items() if not e.baseline and e.preset != "SqueezeAttentionCache")
         if wm is not None and wm not in ok:
             raise ValueError(f"`window_method` must be one of {ok}, got {wm!r}")
-        if (self.window_budget is not None or self.kv_fraction is not None) and not self.entry.baseline \
-                and not isinstance(self.entry.schedule(self.params), Uniform):
-            raise ValueError(f"`kv_fraction` and `window_budget` share budgets their own way: method {self.method!r} "
-                             "has its own schedule; use a method with a uniform schedule")
+        if self.schedule not in (None, *SCHEDULES):
+            raise ValueError(f"`schedule` must be one of {SCHEDULES} (or None: the method's own), got {self.schedule!r}")
+        uniform = self.entry.baseline or self.schedule_name == "uniform"
+        if self.window_budget is not None and not uniform:
+            raise ValueError(f"`window_budget` fixes the windowed layers' budgets: it needs the uniform schedule, "
+                             f"got {self.schedule_name!r} (method {self.method!r})")
+        if self.kv_bits == "auto" and not uniform:
+            raise ValueError(f"`kv_bits`='auto' divides the bytes itself: it needs the uniform schedule, got "
+                             f"{self.schedule_name!r}")
 
     def _check_fraction(self):
         "A budget given as a share of the full cache: set when the prompt's length is known."
@@ -153,10 +160,21 @@ class KVCacheConfig:
         return None if self.entry.baseline else self.entry.policy(self.params)
 
     @property
-    def schedule(self):
-        "The schedule: the method's own, or `kv_fraction` / `window_budget`'s split (None for a baseline)."
+    def schedule_name(self)->str|None:
+        "How the layers share the budget: `schedule`, else the method's own schedule's name (None for a baseline)."
         if self.entry.baseline: return None
+        return self.schedule or self.entry.schedule(self.params).name
+
+    @property
+    def layer_schedule(self):
+        "The schedule object: `schedule` over this budget or share, `kv_fraction`'s split (None for a baseline)."
+        if self.entry.baseline: return None
+        name, p = self.schedule_name, self.params
         if self.kv_bits == "auto": return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
+        if self.kv_fraction is not None and name in ("pyramid", "squeeze"):
+            return WeightedFraction(self.kv_fraction, name, p.get("beta", 2.0), p.get("strength", 1.0))
+        if self.schedule == "pyramid": return Pyramid(p.get("beta", 2.0))
+        if self.schedule == "squeeze": return Squeeze(p.get("strength", 1.0), p.get("signal", "hidden_cosine"))
         if self.kv_fraction is not None:
             return KVFraction(self.kv_fraction, self.window_budget, self.layer_bits(), self.layer_bits(True),
                               self.kv_group_size, self.kv_scheme)
@@ -177,7 +195,7 @@ class KVCacheConfig:
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
         shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None),
                   ("window_budget", None), ("window_method", None), ("kv_bits", None), ("kv_group_size", 64),
-                  ("kv_scheme", "kivi"), ("window_kv_bits", None))
+                  ("kv_scheme", "kivi"), ("window_kv_bits", None), ("schedule", None))
         diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 
@@ -189,7 +207,7 @@ class KVCacheConfig:
         name, _, rest = label.partition("[")
         if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
         shared = dict(n_recent=int, compress=str, slack=int, kv_fraction=float, window_budget=int, window_method=str,
-                      kv_bits=_bits, kv_group_size=int, kv_scheme=str, window_kv_bits=int)
+                      kv_bits=_bits, kv_group_size=int, kv_scheme=str, window_kv_bits=int, schedule=str)
         types = {p.name: p.type for p in METHODS[name].params} | shared
         kwargs = {}
         for part in filter(None, rest.rstrip("]").split(",")):
@@ -372,7 +390,7 @@ class KVCacheBuilder:
                              f"(slot types {kinds}); eviction needs KVCache or RotatingKVCache layers")
         if config.head_dim is not None and hd is not None and config.head_dim != hd:
             raise ValueError(f"`head_dim` is {config.head_dim} in the config but the model's is {hd}")
-        schedule = replace(config.schedule, ladder=()) if unpacked else config.schedule
+        schedule = replace(config.layer_schedule, ladder=()) if unpacked else config.layer_schedule
         plan = schedule.plan(len(slots), config.budget, config.n_sink, [w for _, w in slots])
         co = None if isinstance(plan, list) else plan                      # a coordinator sets the budgets later
         if getattr(co, "signal", None) == "hidden_cosine": install_hidden_signal_hooks(model, [i for i, _ in slots])

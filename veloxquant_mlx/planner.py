@@ -4,14 +4,17 @@
 
 # %% ../nbs/04b_planner.ipynb #5f9b9713
 from __future__ import annotations
+import math
 from dataclasses import dataclass
+from fastcore.basics import patch
 from typing import ClassVar
 from .allocators import _check_real, _check_int
 from .coordinator import (Schedule, PromptEndCoordinator, fraction_budgets, full_slots, slot_bytes,
                                         residual_slots)
 
 # %% auto #0
-__all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'plan_bytes', 'prices', 'plan_layers', 'PlanCoordinator', 'KVPlan']
+__all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'plan_bytes', 'prices', 'plan_layers', 'PlanCoordinator', 'KVPlan',
+           'squeeze_weights', 'pyramid_weights', 'WeightedFractionCoordinator', 'WeightedFraction']
 
 # %% ../nbs/04b_planner.ipynb #582621e6
 LADDER = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3), (3, 3), (3, 2))  # (windowed, global) bits, best first: measured
@@ -137,3 +140,86 @@ class KVPlan(Schedule):
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return PlanCoordinator(n_layers, self.fraction, caps, n_sink, self.kv_group_size, self.ladder,
                                self.window_budget, self.slack)
+
+# %% ../nbs/04b_planner.ipynb #0fdfc248
+from .allocators import allocate_exact
+from .coordinator import kmeans_1d, SIGNALS
+
+def squeeze_weights(cosines:list, # per-layer hidden-state cosine around self-attention
+                    strength:float=1.0, # 0 even .. 1 the paper's full move
+                    keep:float=0.5, # share the least important group keeps
+                   )->list:
+    "SqueezeAttention's layer weights (mean 1): the highest-cosine KMeans group keeps `keep`, the others share the rest."
+    n, labels = len(cosines), kmeans_1d(cosines, 3) if cosines else []
+    low = [i for i in range(n) if labels[i] == max(labels)] if n and max(labels) > 0 else []
+    if not low or len(low) == n: return [1.0] * n
+    up = 1 + (1 - keep) * len(low) / (n - len(low))
+    return [(1 - strength) + strength * (keep if i in low else up) for i in range(n)]
+
+def pyramid_weights(n_layers:int, # attention layers
+                    beta:float=2.0, # PyramidKV's taper (1.0: flat)
+                   )->list:
+    "PyramidKV's linear taper as weights of mean 1: the first layer `beta` times the mean, the last `2 - beta`."
+    if n_layers == 1: return [1.0]
+    return [beta - 2 * (beta - 1) * i / (n_layers - 1) for i in range(n_layers)]
+
+# %% ../nbs/04b_planner.ipynb #67e926a0
+class WeightedFractionCoordinator(PromptEndCoordinator):
+    "A share of the full cache's token slots, divided among the layers by weights known when the prompt ends."
+    def __init__(self, n_layers:int, # attention layers taking part
+                 fraction:float, # share of the full cache's bytes (float storage: token slots)
+                 windows:list, # per-layer sliding window (None for a global layer)
+                 n_sink:int=4, # the floor is n_sink + 1
+                 weights:list|None=None, # fixed per-layer weights (None: measured from `signal`)
+                 signal:str|None=None, # "hidden_cosine": SqueezeAttention's measured weights
+                 strength:float=1.0, # how far the measured weights move from even
+                ):
+        super().__init__(n_layers, fraction, windows, n_sink)
+        if weights is None and signal != "hidden_cosine":
+            raise ValueError(f"`signal` must be 'hidden_cosine' when no `weights` are given, got {signal!r}")
+        self.weights, self.signal, self.strength, self.reports = weights, signal, strength, {}
+
+    def report(self, layer_idx:int, value:float):
+        "A layer's measured signal (its first chunk)."
+        self.reports[layer_idx] = value
+
+    def layer_weights(self)->list:
+        "The weights: fixed, or SqueezeAttention's from every layer's report."
+        if self.weights is not None: return list(self.weights)
+        missing = [i for i in range(self.n_layers) if i not in self.reports]
+        if missing: raise RuntimeError(f"layers {missing} have not reported a hidden-state cosine")
+        return squeeze_weights([self.reports[i] for i in range(self.n_layers)], self.strength)
+
+# %% ../nbs/04b_planner.ipynb #00f3c023
+@patch
+def prompt_ended(self:WeightedFractionCoordinator, n_tokens:int):
+    "The prompt is `n_tokens` long: the share's slots, divided by weight x full, capped at full (once per prompt)."
+    if self._budgets is not None: return
+    full = full_slots(n_tokens, self.windows)
+    total, floor = math.floor(self.fraction * sum(full)), min(self.n_sink + 1, min(full))
+    self._budgets = allocate_exact([f * w for f, w in zip(full, self.layer_weights())], total, floor, full)
+    self.n_tokens = n_tokens
+    for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
+
+@patch
+def reset(self:WeightedFractionCoordinator):
+    "Forget the prompt and its measurements."
+    self.reports = {}
+    PromptEndCoordinator.reset(self)
+
+# %% ../nbs/04b_planner.ipynb #211f8ba9
+@dataclass
+class WeightedFraction(Schedule):
+    "A share of the full cache's bytes under another schedule's per-layer weights (pyramid, squeeze)."
+    fraction:float = 0.25 # share of the full cache's bytes, in (0, 1]
+    kind:str = "squeeze" # "squeeze" (measured) or "pyramid" (fixed taper)
+    beta:float = 2.0 # the pyramid's taper
+    strength:float = 1.0 # how far squeeze's weights move
+    name:ClassVar[str] = "weighted_fraction"
+    def __post_init__(self):
+        _check_real("fraction", self.fraction, 0.0, 1.0)
+        if self.kind not in ("squeeze", "pyramid"): raise ValueError(f"`schedule` must be 'squeeze' or 'pyramid', got {self.kind!r}")
+    def plan(self, n_layers, avg_budget, n_sink, caps):
+        if self.kind == "pyramid":
+            return WeightedFractionCoordinator(n_layers, self.fraction, caps, n_sink, pyramid_weights(n_layers, self.beta))
+        return WeightedFractionCoordinator(n_layers, self.fraction, caps, n_sink, None, "hidden_cosine", self.strength)
