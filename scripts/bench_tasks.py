@@ -14,10 +14,11 @@ def rows_at(shares):
     for f in shares:
         rows[f"default@{f}"] = recommended_config(f)
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
-        rows[f"chunkkv@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, chunk=16)
-        rows[f"snapkv@{f}"] = KVCacheConfig.for_method("snapkv", kv_fraction=f)
+    rows[f"chunkkv@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16)
+    rows[f"chunkkv+squeeze@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16,
+                                                                    schedule="squeeze")
+    rows[f"snapkv@{shares[0]}"] = KVCacheConfig.for_method("snapkv", kv_fraction=shares[0])
     rows["kivi4"] = KVCacheConfig("full", kv_bits=4)
-    rows["kivi2"] = KVCacheConfig("full", kv_bits=2)
     return rows
 
 def main():
@@ -25,11 +26,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one prompt per family, one text per kind, 1,024 tokens")
     ap.add_argument("--shares", default="0.25,0.125")
     ap.add_argument("--out", default="nbs/results/every_task.json")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts per key family")
+    ap.add_argument("--texts", type=int, default=2, help="texts per continuation kind")
     a = ap.parse_args()
     shares = [float(s) for s in a.shares.split(",")]
     model, tok = load_default_model()
     configs = rows_at(shares)
-    kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else {}
+    kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else dict(n_prompts=a.prompts, n_texts=a.texts)
     t0 = time.perf_counter()
     res = every_task(model, tok, {k: config_row(c) for k, c in configs.items()}, **kw)
     res["settings"] = dict(model="Gemma 3 270M (float32, greedy)", shares=shares, quick=a.quick,

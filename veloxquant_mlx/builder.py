@@ -414,14 +414,16 @@ def coordinator_of(caches):
     return next((c.coordinator for c in caches if getattr(c, "coordinator", None) is not None), None)
 
 def cache_summary(caches)->list:
-    "One dict per cache slot: kind, method, budget, tokens kept, concentration, hidden-state cosine, KV bytes, window."
+    "One dict per cache slot: kind, method, bits, budget, tokens kept, concentration, hidden cosine, KV bytes, window."
     rows = []
     for i, c in enumerate(caches):
         kept = getattr(c, "tokens_kept", None)
         if kept is None: kept = c.size() if hasattr(c, "size") else None
         try: nb = c.nbytes
         except Exception: nb = None
+        store = getattr(c, "store", None)
         rows.append(dict(layer=i, kind=type(c).__name__, method=getattr(c, "method", None),
+                         bits=getattr(store, "bits", None) if getattr(store, "quantized", False) else None,
                          budget=getattr(c, "layer_budget", None), tokens_kept=kept, offset=getattr(c, "offset", None),
                          concentration=getattr(c, "concentration", None),
                          hidden_cosine=getattr(c, "hidden_cosine", None),
