@@ -14,7 +14,8 @@ from .. import quality as Q
 
 # %% auto #0
 __all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'code_text', 'continuation_texts', 'KeyFamily', 'key_set',
-           'config_row', 'key_answers', 'continuation_nll', 'every_task']
+           'config_row', 'key_answers', 'continuation_nll', 'every_task', 'task_table', 'markdown_task_table',
+           'plot_frontier']
 
 # %% ../../nbs/15_every_task.ipynb #74601d9d
 def code_text(n_chars:int, # roughly how many characters of source to return
@@ -192,3 +193,62 @@ def every_task(model, tokenizer, rows:dict, # name -> model -> prompt cache
         log(f"{kind}: " + ", ".join(f"{k} {math.exp(v['nll'] / v['tokens']):.2f}" for k, v in res.items())
             + f" [{time.perf_counter() - t0:.0f} s]")
     return out
+
+# %% ../../nbs/15_every_task.ipynb #ba797531
+def _ppl(c:dict)->float: return math.exp(c["nll"] / c["tokens"])
+
+def task_table(res:dict)->list:
+    "One dict per row (the full cache first): bytes, hits per key task, perplexity change (%) per text kind."
+    rows, out = list(next(iter(next(iter(res["keys"].values())).values()))), []
+    for r in rows:
+        shares, line = [], dict(row=r, label=res.get("settings", {}).get("rows", {}).get(r, r))
+        for task, fams in res["keys"].items():
+            got = [a for fam in fams.values() for a in fam[r]]
+            line[task] = (sum(a["exact"] for a in got), len(got))
+            line[task + "_full"] = sum(a["exact"] for fam in fams.values() for a in fam["full"])
+            shares += [a["share"] for a in got]
+        for kind, byrow in res["continuation"].items():
+            line[kind] = 100 * (_ppl(byrow[r]) / _ppl(byrow["full"]) - 1)
+            shares.append(byrow[r]["share"])
+        line["bytes"] = sum(shares) / len(shares)
+        out.append(line)
+    return out
+
+# %% ../../nbs/15_every_task.ipynb #56205b00
+def markdown_task_table(res:dict)->str:
+    "The task table as Markdown: bytes, hits / the full cache's hits per key task, perplexity change per text kind."
+    table = task_table(res)
+    tasks, kinds = list(res["keys"]), list(res["continuation"])
+    head = "| row | bytes | " + " | ".join(tasks) + " | " + " | ".join(f"ppl {k}" for k in kinds) + " |"
+    lines = [head, "|" + "---|" * 1 + "---:|" * (1 + len(tasks) + len(kinds))]
+    for t in table:
+        hits = [f"{t[k][0]}/{t[k][1]}" for k in tasks]
+        ppl = ["-" if t["row"] == "full" else f"{t[k]:+.1f} %" for k in kinds]
+        lines.append(f"| `{t['row']}` | {t['bytes']:.3f} | " + " | ".join(hits + ppl) + " |")
+    return "\n".join(lines)
+
+# %% ../../nbs/15_every_task.ipynb #bed90f9c
+def plot_frontier(res:dict, # results of `every_task`
+                  path:str|None=None, # save the figure here (PNG)
+                  default:str="default", # the configuration drawn thick
+                 ):
+    "One panel per task: bytes on x, the task's score on y, a line per configuration across its shares."
+    import matplotlib.pyplot as plt
+    table = task_table(res)
+    tasks, kinds = list(res["keys"]), list(res["continuation"])
+    fig, axes = plt.subplots(1, len(tasks) + len(kinds), figsize=(3.2 * (len(tasks) + len(kinds)), 3.6))
+    groups = {}
+    for t in table: groups.setdefault(t["row"].split("@")[0], []).append(t)
+    for ax, name in zip(axes, tasks + kinds):
+        for g, ts in groups.items():
+            ts = sorted(ts, key=lambda t: t["bytes"])
+            ys = [t[name][0] / max(t[name + "_full"], 1) if name in tasks else (0.0 if g == "full" else t[name])
+                  for t in ts]
+            ax.plot([t["bytes"] for t in ts], ys, "o-", lw=3 if g == default else 1.2, label=g)
+        ax.set_title(f"ppl {name} (% vs full)" if name in kinds else f"{name} (hits / full's)", fontsize=11)
+        ax.set_xlabel("share of the full cache's bf16 bytes", fontsize=10)
+        ax.tick_params(labelsize=9)
+    axes[0].legend(fontsize=9)
+    fig.tight_layout()
+    if path: fig.savefig(path, dpi=110)
+    return fig
