@@ -75,7 +75,9 @@ class GridSettings:
 
 # %% ../../nbs/11d_eval_grid.ipynb #23e616ca
 @patch
-def record(self:GridSettings, configs:list)->dict: # the run's rows
+def record(self:GridSettings,
+           configs:list, # the run's rows (`KVCacheConfig`s)
+          )->dict:
     "The settings as a run's JSON records them: lists, the rows' labels as `methods`, the sinks."
     d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k not in ("rows", "verify")}
     return {**d, "methods": sorted({c.label for c in configs}), "n_sink": 4}
@@ -163,7 +165,11 @@ def passkey_rows(
     return rows, used, round_s
 
 # %% ../../nbs/11d_eval_grid.ipynb #b6a39377
-def verify_batched(model, tokenizer, s:GridSettings, prompts:list, log=print)->dict:
+def verify_batched(model, tokenizer, # any mlx-lm model and its tokenizer
+                   s:GridSettings, # the run's settings (its rows, budgets and `max_tokens`)
+                   prompts:list, # `passkey_set` prompts: the first one is decoded
+                   log=print, # called with the result line
+                  )->dict:
     "Batched vs sequential decoding of every row on the first prompt, at the middle budget."
     t, b = time.perf_counter(), s.budgets[len(s.budgets) // 2]
     res = check_batched(model, tokenizer, prompts[0]["ids"], grid_configs(b, s.methods, s.rows), s.max_tokens)
@@ -173,7 +179,8 @@ def verify_batched(model, tokenizer, s:GridSettings, prompts:list, log=print)->d
 # %% ../../nbs/11d_eval_grid.ipynb #7cc16f06
 def run_grid(model, tokenizer, # any mlx-lm model and its tokenizer
              s:GridSettings|None=None, # the run's settings (default `GridSettings()`)
-             log=print)->dict:
+             log=print, # called with each progress line
+            )->dict:
     "Perplexity, then pass-key prompts in rounds (each prompt through every row and budget) until done or out of time."
     s, t0 = s or GridSettings(), time.perf_counter()
     configs = [c for b in s.budgets for c in grid_configs(b, s.methods, s.rows)]

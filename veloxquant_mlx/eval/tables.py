@@ -9,7 +9,9 @@ from __future__ import annotations
 __all__ = ['hits', 'passkey_cells', 'fraction_table', 'fraction_headline', 'perplexity_table_fraction', 'prefill_table']
 
 # %% ../../nbs/11h_eval_tables.ipynb #4e7d4f90
-def hits(r:dict)->int: return round(r["accuracy"] * r["samples"])
+def hits(r:dict)->int:
+    "The keys a pass-key row retrieved: its accuracy times its prompts."
+    return round(r["accuracy"] * r["samples"])
 
 # %% ../../nbs/11h_eval_tables.ipynb #04a4300c
 def passkey_cells(res:dict)->list:
