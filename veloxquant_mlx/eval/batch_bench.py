@@ -73,13 +73,13 @@ def largest_fit(per_row:float, cap_bytes:float, limit:int=32)->int:
     return int(min(limit, cap_bytes // per_row)) if per_row > 0 else limit
 
 def load_bench_model(name:str):
-    "(model, tokenizer): the real Gemma 3 270M, or 'tiny:ARCH' (random weights, byte tokens) for a smoke run."
+    "(model, tokenizer): the real Gemma 3 270M, 'tiny:ARCH' (random weights, byte tokens), or an mlx-lm model dir."
     if name.startswith("tiny:"):
         from veloxquant_mlx.builder import tiny_model
         from veloxquant_mlx.serve import tiny_tokenizer
         return tiny_model(name[5:], max_position_embeddings=1 << 16), tiny_tokenizer()
-    from veloxquant_mlx.models import load_default_model
-    return load_default_model(progress=False)
+    from veloxquant_mlx.models import load_default_model, load_model
+    return load_default_model(progress=False) if name == "gemma3_270m" else load_model(name)
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c130000e
 def run_sweep(cfg:dict, log=print, checkpoint=None)->dict:

@@ -5,12 +5,14 @@
 # %% ../../nbs/11e_eval_fraction.ipynb #e49846da
 from __future__ import annotations
 import math, time
+from dataclasses import dataclass, field, asdict
+from fastcore.basics import patch
 from ..blas import preload_openblas
 preload_openblas()  # before mlx.core
 from ..builder import KVCacheConfig, RECOMMENDED
 from ..coordinator import Uniform, full_slots
 from ..methods import METHODS
-from .prompts import family_set, ppl_sequences
+from .prompts import FAMILIES, family_set, ppl_sequences
 from .measure import (Answers, Tally, kv_bytes_bf16, full_bytes_bf16, attention_windows,
                                          machine_info)
 from .batching import prefilled, batched_greedy, batched_score, compress_prompt
@@ -18,7 +20,7 @@ from .batching import prefilled, batched_greedy, batched_score, compress_prompt
 # %% auto #0
 __all__ = ['LEVERS', 'RECOMMENDED_ROW', 'FRACTION_ROWS', 'QUANT_ROWS', 'LONG_ROWS', 'ROW_SETS', 'PPL_ROWS', 'PPL_PLAN',
            'FRACTION_RUN', 'bytes_per_token', 'fraction_config', 'row_name', 'fraction_rows', 'fraction_passkey',
-           'fraction_perplexity', 'run_fraction_grid', 'perplexity_study']
+           'fraction_perplexity', 'FractionSettings', 'run_fraction_grid', 'perplexity_study']
 
 # %% ../../nbs/11e_eval_fraction.ipynb #2788ec25
 def bytes_per_token(kv_bits:int|None, # None: float storage
@@ -132,92 +134,64 @@ def fraction_perplexity(
         log(f"perplexity text {i + 1}/{n_texts}")
     return tallies
 
+# %% ../../nbs/11e_eval_fraction.ipynb #3e6f541e
+@dataclass(frozen=True)
+class FractionSettings:
+    "Every setting of a fraction-grid run: what `run_fraction_grid` reads, and what its JSON records."
+    plan:dict=field(default_factory=dict) # {n_tokens: (n_prompts, fractions)}: pass-key prompts per length and shares
+    families:tuple=("pydoc", "landmark") # prompt families (`FAMILIES`)
+    rows:tuple|None=None # (method, params, fields) rows (None: `fraction_rows()`)
+    ppl_fractions:tuple=() # shares for the perplexity task (empty: none)
+    ppl_texts:int=6 # perplexity texts
+    ppl_context:int=1536 # tokens read as a prompt before scoring
+    ppl_tokens:int=256 # tokens scored after it
+    max_tokens:int=8 # answer tokens decoded
+    seed:int=0 # keys and texts
+    time_budget_s:float|None=None # seconds for the pass-key prompts: they are cut to fit
+    model:str="gemma-3-270m" # the model's name in the rows
+    first:int=0 # skip the first prompts of each family (a run that extends an earlier one)
+
+    def __post_init__(self):
+        bad = [f for f in self.families if f not in FAMILIES]
+        if bad: raise ValueError(f"`families` must be among {tuple(FAMILIES)}, got {bad}")
+
+# %% ../../nbs/11e_eval_fraction.ipynb #961481bd
+@patch
+def record(self:FractionSettings,
+           rows:list, # the run's rows
+          )->dict:
+    "The settings as a run's JSON records them: lists, the plan's lengths as strings, the rows' names."
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k != "model"}
+    return {**d, "plan": {str(k): v for k, v in self.plan.items()}, "rows": [row_name(r) for r in rows]}
+
 # %% ../../nbs/11e_eval_fraction.ipynb #f2023537
-def run_fraction_grid(
-    model,
-    tokenizer,
-    plan: dict,
-    families=("pydoc", "landmark"),
-    rows=None,
-    ppl_fractions=(),
-    ppl_texts: int = 6,
-    ppl_context: int = 1536,
-    ppl_tokens: int = 256,
-    max_tokens: int = 8,
-    seed: int = 0,
-    time_budget_s: float | None = None,
-    model_name: str = "gemma-3-270m",
-    log=print,
-    first: int = 0,  # skip the first prompts of each family (a run that extends an earlier one)
-) -> dict:
-    "Pass key per family and prompt length at the fractions of `plan` ({n_tokens: (n_prompts, fractions)}); perplexity."
-    rows, t0, out = rows or fraction_rows(), time.perf_counter(), []
-    deadline = None if time_budget_s is None else t0 + time_budget_s
-    for n_tokens, (n_prompts, fractions) in plan.items():
-        for fam in families:
-            answers, round_s = fraction_passkey(
-                model,
-                tokenizer,
-                family_set(tokenizer, fam, first + n_prompts, n_tokens, seed)[first:],
-                rows,
-                list(fractions),
-                max_tokens,
-                deadline,
-                log,
-            )
+def run_fraction_grid(model, tokenizer, # any mlx-lm model and its tokenizer
+                      s:FractionSettings, # the run's settings
+                      log=print, # called with each progress line
+                     )->dict:
+    "Pass key per family and prompt length at the shares of `s.plan`, then perplexity at `s.ppl_fractions`."
+    rows, t0, out = list(s.rows or fraction_rows()), time.perf_counter(), []
+    deadline = None if s.time_budget_s is None else t0 + s.time_budget_s
+    for n_tokens, (n_prompts, fractions) in s.plan.items():
+        for fam in s.families:
+            prompts = family_set(tokenizer, fam, s.first + n_prompts, n_tokens, s.seed)[s.first:]
+            answers, round_s = fraction_passkey(model, tokenizer, prompts, rows, list(fractions), s.max_tokens,
+                                                deadline, log)
             fa = answers[("full", 1.0)].summary()
-            for (name, f), a in answers.items():
-                out.append(
-                    dict(
-                        task="passkey",
-                        model=model_name,
-                        family=fam,
-                        length=n_tokens,
-                        fraction=f,
-                        name=name,
-                        samples=len(a.results),
-                        seconds=sum(round_s),
-                        full_accuracy=fa["accuracy"],
-                        kv_fraction_bf16=a.summary()["kv_fraction"],
-                        **a.summary()
-                    )
-                )
-    if ppl_fractions:
-        tallies = fraction_perplexity(
-            model, tokenizer, rows, list(ppl_fractions), ppl_texts, ppl_context, ppl_tokens, seed=seed, log=log
-        )
+            out += [dict(task="passkey", model=s.model, family=fam, length=n_tokens, fraction=f, name=name,
+                         samples=len(a.results), seconds=sum(round_s), full_accuracy=fa["accuracy"],
+                         kv_fraction_bf16=a.summary()["kv_fraction"], **a.summary())
+                    for (name, f), a in answers.items()]
+    if s.ppl_fractions:
+        tallies = fraction_perplexity(model, tokenizer, rows, list(s.ppl_fractions), s.ppl_texts, s.ppl_context,
+                                      s.ppl_tokens, seed=s.seed, log=log)
         full = tallies[("full", 1.0)].ppl
-        for (name, f), t in tallies.items():
-            out.append(
-                dict(
-                    task="perplexity",
-                    model=model_name,
-                    fraction=f,
-                    name=name,
-                    samples=len(t.per_text),
-                    context_tokens=ppl_context,
-                    scored_tokens=ppl_tokens,
-                    ppl=t.ppl,
-                    ppl_increase=t.ppl - full,
-                    ppl_ratio=t.ppl / full,
-                    kv_fraction_bf16=t.kv / t.full_kv,
-                    nll_per_text=t.per_text,
-                )
-            )
-    settings = dict(
-        plan={str(k): v for k, v in plan.items()},
-        families=list(families),
-        rows=[row_name(r) for r in rows],
-        ppl_fractions=list(ppl_fractions),
-        ppl_texts=ppl_texts,
-        ppl_context=ppl_context,
-        ppl_tokens=ppl_tokens,
-        max_tokens=max_tokens,
-        seed=seed,
-        time_budget_s=time_budget_s,
-        first=first,
-    )
-    return dict(rows=out, settings=settings, timing=dict(total_s=time.perf_counter() - t0), machine=machine_info())
+        out += [dict(task="perplexity", model=s.model, fraction=f, name=name, samples=len(t.per_text),
+                     context_tokens=s.ppl_context, scored_tokens=s.ppl_tokens, ppl=t.ppl, ppl_increase=t.ppl - full,
+                     ppl_ratio=t.ppl / full, kv_fraction_bf16=t.kv / t.full_kv, nll_per_text=t.per_text)
+                for (name, f), t in tallies.items()]
+    return dict(rows=out, settings=s.record(rows), timing=dict(total_s=time.perf_counter() - t0),
+                machine=machine_info())
 
 # %% ../../nbs/11e_eval_fraction.ipynb #5a1c0e01
 def perplexity_study(model, tokenizer,
@@ -225,15 +199,18 @@ def perplexity_study(model, tokenizer,
                      n_texts:int=4, # texts (`ppl_sequences`)
                      context:int=1536, # tokens read as a prompt (chosen at its end)
                      score_tokens:int=256, # tokens scored after it
-                     log=print)->dict:
+                     log=print, # called with each progress line
+                    )->dict:
     "Perplexity per (row, share) after a `context`-token prompt: the fraction grid's perplexity task, a run per share."
     t0 = time.perf_counter()
-    runs = [run_fraction_grid(model, tokenizer, {}, rows=rows, ppl_fractions=(fraction,), ppl_texts=n_texts,
-                              ppl_context=context, ppl_tokens=score_tokens, log=log) for fraction, rows in plan.items()]
+    runs = [run_fraction_grid(model, tokenizer, FractionSettings(rows=tuple(rows), ppl_fractions=(fraction,),
+                              ppl_texts=n_texts, ppl_context=context, ppl_tokens=score_tokens), log)
+            for fraction, rows in plan.items()]
     settings = dict(plan={str(f): [row_name(r) for r in rs] for f, rs in plan.items()}, n_texts=n_texts,
                     context=context, score_tokens=score_tokens)
     return dict(rows=[r for run in runs for r in run["rows"]], settings=settings,
-                timing=dict(total_s=time.perf_counter() - t0), machine=machine_info())
+                timing=dict(total_s=time.perf_counter() - t0),
+                machine=machine_info())
 
 # %% ../../nbs/11e_eval_fraction.ipynb #5a1c0e07
 _SPLIT = dict(slack=8, window_method="streamingllm")
@@ -243,4 +220,4 @@ PPL_PLAN = {0.25: PPL_ROWS + [("chunkkv", dict(chunk=16), dict(window_budget=w, 
             0.125: PPL_ROWS}  # share -> rows (160 x 15 windowed layers do not fit 12.5% of a 1,536-token prompt)
 
 # %% ../../nbs/11e_eval_fraction.ipynb #77835d08
-FRACTION_RUN = dict(plan={2048: (20, (0.25, 0.125)), 8192: (10, (0.1,))}, ppl_fractions=(0.25, 0.125))
+FRACTION_RUN = FractionSettings(plan={2048: (20, (0.25, 0.125)), 8192: (10, (0.1,))}, ppl_fractions=(0.25, 0.125))

@@ -88,8 +88,17 @@ QUICK = GridSettings(budgets=(64,), n_passkey=1, lengths=(512,), depths=(0.5,), 
 FULL_RUN = GridSettings(time_budget_s=1140.0, verify=True)  # the committed run's settings
 
 # %% ../../nbs/11d_eval_grid.ipynb #db22e7c8
-def perplexity_rows(model, tokenizer, configs:list, n_texts:int, context:int, score_tokens:int, chunk:int, seed:int,
-                    batched:bool=True, model_name:str="", log=print)->list:
+def perplexity_rows(model, tokenizer, # any mlx-lm model and its tokenizer
+                    configs:list, # the rows (`KVCacheConfig`s at their budgets)
+                    n_texts:int, # texts (`ppl_sequences`)
+                    context:int, # tokens read as a prompt before scoring
+                    score_tokens:int, # tokens scored after it
+                    chunk:int, # scored tokens fed per forward pass
+                    seed:int, # which texts
+                    batched:bool=True, # score every row in one batch
+                    model_name:str="", # the model's name in the rows
+                    log=print, # called with each progress line
+                   )->list:
     "One perplexity row per config and one for the full cache: `score_tokens` after a `context`, through the cache."
     windows = slot_windows(model)
     keys = ["full"] + [(c.label, c.budget) for c in configs]                # one tally per row and budget
@@ -113,19 +122,17 @@ def perplexity_rows(model, tokenizer, configs:list, n_texts:int, context:int, sc
     return [row(None, tallies["full"])] + [row(c, tallies[(c.label, c.budget)]) for c in configs]
 
 # %% ../../nbs/11d_eval_grid.ipynb #ba592190
-def passkey_rows(
-    model,
-    tokenizer,
-    configs: list,
-    prompts: list,
-    max_tokens: int,
-    deadline: float | None = None,
-    batched: bool = True,
-    model_name: str = "",
-    seed: int = 0,
-    n_planned: int | None = None,
-    log=print,
-) -> tuple:
+def passkey_rows(model, tokenizer, # any mlx-lm model and its tokenizer
+                 configs:list, # the rows (`KVCacheConfig`s at their budgets)
+                 prompts:list, # `passkey_set` prompts
+                 max_tokens:int, # answer tokens decoded
+                 deadline:float|None=None, # `time.perf_counter()` after which no new prompt starts
+                 batched:bool=True, # decode every row in one batch
+                 model_name:str="", # the model's name in the rows
+                 seed:int=0, # the prompts' seed, recorded
+                 n_planned:int|None=None, # prompts planned, recorded (default: all of `prompts`)
+                 log=print, # called with each progress line
+                )->tuple:
     "Every prompt through the full cache and every config (in rounds, until `deadline`): (rows, prompts used, seconds)."
     keys = ["full"] + [(c.label, c.budget) for c in configs]  # one row per configuration and budget
     windows, answers, round_s = slot_windows(model), {k: Answers() for k in keys}, []
@@ -133,33 +140,19 @@ def passkey_rows(
         if deadline is not None and round_s and time.perf_counter() + max(round_s) > deadline:
             log(f"time budget: stopping pass key after {len(round_s)} of {len(prompts)} prompts")
             break
-        tr = time.perf_counter()
-        caches = prefilled(model, p["ids"][:-1], configs)
-        texts = (
-            batched_greedy(model, tokenizer, p["ids"][-1], caches, max_tokens, windows)
-            if batched
-            else [greedy_answer(model, tokenizer, p["ids"][-1], c, max_tokens) for c in caches]
-        )
+        tr, caches = time.perf_counter(), prefilled(model, p["ids"][:-1], configs)
+        texts = batched_greedy(model, tokenizer, p["ids"][-1], caches, max_tokens, windows) if batched else \
+                [greedy_answer(model, tokenizer, p["ids"][-1], c, max_tokens) for c in caches]
         for key, cs, text in zip(keys, caches, texts):
             answers[key].add(text, p["key"], kv_bytes(cs), kv_bytes(caches[0]))
         round_s.append(time.perf_counter() - tr)
-        log(
-            f"pass key {len(round_s)}/{len(prompts)} (len {len(p['ids'])}, depth {p['depth']}): full {texts[0]!r} "
-            f"[{round_s[-1]:.0f} s]"
-        )
-    used = prompts[: len(round_s)]
-    if not used:
-        return [], used, round_s
-    base = dict(
-        model=model_name,
-        task="passkey",
-        samples=len(used),
-        samples_planned=n_planned or len(prompts),
-        seed=seed,
-        max_tokens=max_tokens,
-        lengths=sorted({len(p["ids"]) for p in used}),
-        depths=sorted({p["depth"] for p in used}),
-    )
+        log(f"pass key {len(round_s)}/{len(prompts)} (len {len(p['ids'])}, depth {p['depth']}): full {texts[0]!r} "
+            f"[{round_s[-1]:.0f} s]")
+    used = prompts[:len(round_s)]
+    if not used: return [], used, round_s
+    base = dict(model=model_name, task="passkey", samples=len(used), samples_planned=n_planned or len(prompts),
+                seed=seed, max_tokens=max_tokens, lengths=sorted({len(p["ids"]) for p in used}),
+                depths=sorted({p["depth"] for p in used}))
     rows = [{**base, **row_fields(FULL), "budget": None, **answers["full"].summary()}]
     rows += [{**base, **row_fields(c), "budget": c.budget, **answers[(c.label, c.budget)].summary()} for c in configs]
     return rows, used, round_s

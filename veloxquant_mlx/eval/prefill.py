@@ -20,32 +20,35 @@ from .fraction import fraction_config, RECOMMENDED_ROW
 __all__ = ['own_prefill_answers', 'prefill_peak', 'run_prefill_study']
 
 # %% ../../nbs/11f_eval_prefill.ipynb #1d23025a
-def own_prefill_answers(
-    model, tokenizer, prompts: list, configs: list, prefill_step: int = 512, max_tokens: int = 8, log=print
-) -> dict:
+def own_prefill_answers(model, tokenizer, # any mlx-lm model and its tokenizer
+                        prompts:list, # `family_set` prompts
+                        configs:list, # the configurations (`KVCacheConfig`s)
+                        prefill_step:int=512, # the prefill's chunk, as the CLI reads a prompt
+                        max_tokens:int=8, # answer tokens decoded
+                        log=print, # called with each prompt's answers
+                       )->dict:
     "Each config's own `generate_step` (chunked prefill) on every prompt: {label: Answers}."
     out = {c.label: Answers() for c in configs}
     for p in prompts:
         full = full_bytes_bf16(model, len(p["ids"]))
         for c in configs:
-            caches = make_caches(model, c)
-            steps = generate_step(
-                mx.array(p["ids"]), model, prompt_cache=caches, max_tokens=max_tokens, prefill_step_size=prefill_step
-            )
-            toks = []
+            caches, toks = make_caches(model, c), []
+            steps = generate_step(mx.array(p["ids"]), model, prompt_cache=caches, max_tokens=max_tokens,
+                                  prefill_step_size=prefill_step)
             for (t, _), _ in zip(steps, range(max_tokens)):
                 toks.append(int(t))
-                if digits_done(tokenizer.decode(toks)):
-                    break
+                if digits_done(tokenizer.decode(toks)): break
             out[c.label].add(tokenizer.decode(toks), p["key"], kv_bytes_bf16(caches), full)
-        log(
-            f"own prefill {p['family']} #{p['i']}: "
-            + ", ".join(f"{k}={a.results[-1]['answer']!r}" for k, a in out.items())
-        )
+        log(f"own prefill {p['family']} #{p['i']}: "
+            + ", ".join(f"{k}={a.results[-1]['answer']!r}" for k, a in out.items()))
     return out
 
 # %% ../../nbs/11f_eval_prefill.ipynb #d9027f66
-def prefill_peak(model, ids: list, config: KVCacheConfig | None, prefill_step: int = 2048) -> dict:
+def prefill_peak(model, # any mlx-lm model
+                 ids:list, # the prompt's token ids
+                 config:KVCacheConfig|None, # the cache (None: mlx-lm's own full cache)
+                 prefill_step:int=2048, # the prefill's chunk
+                )->dict:
     "Peak MLX memory of prefilling `ids` in chunks (and ending the prompt), and the KV bytes held afterwards."
     caches = make_prompt_cache(model) if config is None else make_caches(model, config)
     mx.eval(mx.zeros(1))
@@ -57,69 +60,32 @@ def prefill_peak(model, ids: list, config: KVCacheConfig | None, prefill_step: i
         mx.eval(out, [x for c in caches for x in cache_arrays(c)])
     compress_prompt([caches])
     mx.eval([x for c in caches for x in cache_arrays(c)])
-    return dict(
-        peak_bytes=int(mx.get_peak_memory()),
-        base_bytes=int(base),
-        kv_bytes_bf16=kv_bytes_bf16(caches),
-        label="full" if config is None else config.label,
-        prefill_step=prefill_step,
-        tokens=len(ids),
-    )
+    return dict(peak_bytes=int(mx.get_peak_memory()), base_bytes=int(base), kv_bytes_bf16=kv_bytes_bf16(caches),
+                label="full" if config is None else config.label, prefill_step=prefill_step, tokens=len(ids))
 
 # %% ../../nbs/11f_eval_prefill.ipynb #7e26723d
-def run_prefill_study(
-    model,
-    tokenizer,
-    families=("pydoc", "landmark"),
-    n: int = 5,
-    n_tokens: int = 2048,
-    fraction: float = 0.125,
-    prefill_step: int = 512,
-    peak_tokens: int = 8192,
-    log=print,
-) -> dict:
+def run_prefill_study(model, tokenizer, # any mlx-lm model and its tokenizer
+                      families=("pydoc", "landmark"), # prompt families (`FAMILIES`)
+                      n:int=5, # prompts per family
+                      n_tokens:int=2048, # their length
+                      fraction:float=0.125, # share of the full cache's bytes
+                      prefill_step:int=512, # the own prefill's chunk
+                      peak_tokens:int=8192, # the length of the prompt whose prefill peak is measured
+                      log=print, # called with each progress line
+                     )->dict:
     "Own-prefill answers (choosing at the prompt's end vs after every chunk) and the prefill's peak memory."
-    windows, rows = attention_windows(model), []
-    base = RECOMMENDED_ROW
+    windows, rows, base = attention_windows(model), [], RECOMMENDED_ROW
     chunked = (base[0], base[1], {**base[2], "compress": "chunk"})
     for fam in families:
+        cfgs = [FULL] + [fraction_config(r, fraction, n_tokens, windows) for r in (base, chunked)]
         prompts = family_set(tokenizer, fam, n, n_tokens)
-        cfgs = [
-            FULL,
-            fraction_config(base, fraction, n_tokens, windows),
-            fraction_config(chunked, fraction, n_tokens, windows),
-        ]
         ans = own_prefill_answers(model, tokenizer, prompts, cfgs, prefill_step, log=log)
-        for label, a in ans.items():
-            rows.append(
-                dict(
-                    task="own_prefill",
-                    family=fam,
-                    length=n_tokens,
-                    fraction=fraction,
-                    name=label,
-                    prefill_step=prefill_step,
-                    samples=len(a.results),
-                    **a.summary(),
-                )
-            )
+        rows += [dict(task="own_prefill", family=fam, length=n_tokens, fraction=fraction, name=label,
+                      prefill_step=prefill_step, samples=len(a.results), **a.summary()) for label, a in ans.items()]
     ids = family_set(tokenizer, families[0], 1, peak_tokens)[0]["ids"]
-    for cfg in (
-        None,
-        fraction_config(base, fraction, len(ids), windows),
-        fraction_config(chunked, fraction, len(ids), windows),
-    ):
+    for cfg in [None] + [fraction_config(r, fraction, len(ids), windows) for r in (base, chunked)]:
         rows.append(dict(task="prefill_peak", **prefill_peak(model, ids, cfg, 2048)))
         log(f"peak {rows[-1]['label']}: {rows[-1]['peak_bytes'] / 2**20:.0f} MiB")
-    return dict(
-        rows=rows,
-        settings=dict(
-            families=list(families),
-            n=n,
-            n_tokens=n_tokens,
-            fraction=fraction,
-            prefill_step=prefill_step,
-            peak_tokens=peak_tokens,
-        ),
-        machine=machine_info(),
-    )
+    settings = dict(families=list(families), n=n, n_tokens=n_tokens, fraction=fraction, prefill_step=prefill_step,
+                    peak_tokens=peak_tokens)
+    return dict(rows=rows, settings=settings, machine=machine_info())

@@ -19,38 +19,24 @@ __all__ = ['main']
 # %% ../../nbs/11k_eval_quality_cli.ipynb #071784f8
 def _main_fraction(a, load_cli_model):
     "The fraction grid from the command line (`--grid fraction`)."
-    plan = dict(FRACTION_RUN["plan"])
+    plan = FRACTION_RUN.plan
     if a.plan:
         plan = {}
         for part in a.plan.split(","):
             n, k, fr = part.split(":")
             plan[int(n)] = (int(k), tuple(float(x) for x in fr.split("/")))
-    ppl = (
-        FRACTION_RUN["ppl_fractions"]
-        if a.ppl_fractions is None
-        else (() if a.ppl_fractions == "none" else tuple(float(x) for x in a.ppl_fractions.split("/")))
-    )
+    ppl = FRACTION_RUN.ppl_fractions if a.ppl_fractions is None else \
+          (() if a.ppl_fractions == "none" else tuple(float(x) for x in a.ppl_fractions.split("/")))
     rows = ROW_SETS[a.rows]()
-    if a.methods:
-        rows = [r for r in rows if row_name(r) in a.methods.split(";")]
+    if a.methods: rows = [r for r in rows if row_name(r) in a.methods.split(";")]
+    s = replace(FRACTION_RUN, plan=plan, families=tuple(a.families.split(",")), rows=tuple(rows), ppl_fractions=ppl,
+                ppl_texts=a.ppl_samples if a.ppl_samples is not None else 6, time_budget_s=a.time_budget,
+                model=a.model or "gemma-3-270m", first=a.passkey_offset or 0)
     model, tok = load_cli_model(a.model)
-    res = run_fraction_grid(
-        model,
-        tok,
-        plan,
-        tuple(a.families.split(",")),
-        rows,
-        ppl,
-        ppl_texts=a.ppl_samples if a.ppl_samples is not None else 6,
-        time_budget_s=a.time_budget,
-        model_name=a.model or "gemma-3-270m",
-        first=a.passkey_offset or 0,
-        log=lambda *x: print(*x, flush=True),
-    )
+    res = run_fraction_grid(model, tok, s, log=lambda *x: print(*x, flush=True))
     out = a.out or "nbs/results/quality_fraction.json"
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(res, f, indent=1)
+    with open(out, "w") as f: json.dump(res, f, indent=1)
     print(f"wrote {out} ({res['timing']['total_s']:.0f} s)")
     return res
 
