@@ -14,7 +14,44 @@ from .grid_tables import format_table
 from .plots import plot_results
 
 # %% auto #0
-__all__ = ['main']
+__all__ = ['build_parser', 'write_json', 'main']
+
+# %% ../../nbs/11k_eval_quality_cli.ipynb #fd0c649c
+def build_parser():
+    "The options of `scripts/bench_quality.py`: the grid, the model, what to run and where the JSON goes."
+    import argparse
+    ap = argparse.ArgumentParser(description="Quality grid: pass key and perplexity through every eviction method")
+    opt = lambda name, help, **kw: ap.add_argument(name, default=kw.pop("default", None), help=help, **kw)
+    opt("--grid", "tokens: budgets in tokens per layer (the first grid); fraction: shares of the full cache",
+        choices=("tokens", "fraction", "prefill"), default="tokens")
+    opt("--model", "default Gemma 3 270M; an mlx-lm model directory; 'tiny:gemma3' etc. for harness tests")
+    opt("--out", "JSON output (default nbs/results/quality.json, quick: quality_quick.json; per grid otherwise)")
+    opt("--time-budget", "seconds for the whole run (pass-key prompts are cut to fit)", type=float)
+    opt("--methods", "row labels to run, separated by ',' (tokens grid) or ';' (fraction grid: its labels hold commas)")
+    opt("--ppl-samples", "perplexity texts (0: pass key only)", type=int)
+    opt("--passkey-offset", "skip this many pass-key prompts of the seeded list (to extend a run)", type=int)
+    ap.add_argument("--quick", action="store_true", help="tokens grid, tiny sizes: checks the harness in about a minute")
+    opt("--n-passkey", "tokens grid: pass-key prompts per setting", type=int)
+    opt("--budgets", "tokens grid: comma-separated tokens per layer (default: the run's)")
+    opt("--plots", "tokens grid: write the PNGs into this directory")
+    opt("--passkey-from", "tokens grid: take the pass-key rows from this earlier run's JSON (with --n-passkey 0)")
+    ap.add_argument("--no-verify", action="store_true", help="tokens grid: skip the batched-vs-sequential check")
+    opt("--merge-into", "tokens grid: pool the pass-key rows with this earlier run's JSON (which this run continues)")
+    opt("--plan", "fraction grid: LENGTH:N:F1/F2,... (default 2048:20:0.25/0.125,8192:10:0.1)")
+    opt("--families", "fraction grid: prompt families", default="pydoc,landmark")
+    opt("--rows", "fraction grid: the row set (default: every method and lever; quant: quantized storage; long: the "
+        "8k set)", choices=("default", "quant", "long"), default="default")
+    opt("--ppl-fractions", "fraction grid: fractions for the perplexity task (default 0.25/0.125; 'none' to skip)")
+    return ap
+
+# %% ../../nbs/11k_eval_quality_cli.ipynb #76c3acb3
+def write_json(res:dict, # a run's results
+               out:str, # the file (its folder is made as needed)
+              )->dict:
+    "Write a run's JSON to `out`; return the run."
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f: json.dump(res, f, indent=1)
+    return res
 
 # %% ../../nbs/11k_eval_quality_cli.ipynb #071784f8
 def _main_fraction(a, load_cli_model):
@@ -35,79 +72,13 @@ def _main_fraction(a, load_cli_model):
     model, tok = load_cli_model(a.model)
     res = run_fraction_grid(model, tok, s, log=lambda *x: print(*x, flush=True))
     out = a.out or "nbs/results/quality_fraction.json"
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f: json.dump(res, f, indent=1)
+    write_json(res, out)
     print(f"wrote {out} ({res['timing']['total_s']:.0f} s)")
     return res
 
-# %% ../../nbs/11k_eval_quality_cli.ipynb #a5ea707f
-def main(argv=None):
-    "`python scripts/bench_quality.py [--quick] [--out nbs/results/quality.json] [--model tiny:gemma3]`"
-    import argparse
-
-    ap = argparse.ArgumentParser(description="Quality grid: pass key and perplexity through every eviction method")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness in about a minute")
-    ap.add_argument(
-        "--out", default=None, help="JSON output (default nbs/results/quality.json, quick: quality_quick.json)"
-    )
-    ap.add_argument("--model", default=None, help="default Gemma 3 270M; 'tiny:gemma3' etc. for harness tests")
-    ap.add_argument(
-        "--time-budget", type=float, default=None, help="seconds for the whole run (pass-key prompts are cut to fit)"
-    )
-    ap.add_argument("--n-passkey", type=int, default=None, help="pass-key prompts per setting")
-    ap.add_argument("--plots", default=None, help="write the PNGs into this directory")
-    ap.add_argument("--ppl-samples", type=int, default=None, help="perplexity texts (0: pass key only)")
-    ap.add_argument(
-        "--passkey-offset",
-        type=int,
-        default=None,
-        help="skip this many pass-key prompts of the seeded list (to extend a run)",
-    )
-    ap.add_argument(
-        "--passkey-from", default=None, help="take the pass-key rows from this earlier run's JSON (with --n-passkey 0)"
-    )
-    ap.add_argument("--no-verify", action="store_true", help="skip the batched-vs-sequential decoding check")
-    ap.add_argument(
-        "--merge-into",
-        default=None,
-        help="pool the pass-key rows with this earlier run's JSON (which this run continues)",
-    )
-    ap.add_argument(
-        "--methods",
-        default=None,
-        help="row labels to run, separated by ',' (tokens grid) or ';' (fraction grid: its labels hold commas)",
-    )
-    ap.add_argument(
-        "--grid",
-        choices=("tokens", "fraction", "prefill"),
-        default="tokens",
-        help="tokens: budgets in tokens per layer (the first grid); fraction: shares of the full cache",
-    )
-    ap.add_argument(
-        "--plan", default=None, help="fraction grid: LENGTH:N:F1/F2,... (default 2048:20:0.25/0.125," "8192:10:0.1)"
-    )
-    ap.add_argument("--families", default="pydoc,landmark", help="fraction grid: prompt families")
-    ap.add_argument("--rows", choices=("default", "quant", "long"), default="default",
-                    help="fraction grid: the row set (default: every method and lever; quant: quantized storage; "
-                    "long: the 8k set)")
-    ap.add_argument(
-        "--ppl-fractions",
-        default=None,
-        help="fraction grid: fractions for the perplexity task " "(default 0.25/0.125; 'none' to skip)",
-    )
-    ap.add_argument("--budgets", default=None, help="comma-separated tokens per layer (default: the run's)")
-    a = ap.parse_args(argv)
-    from veloxquant_mlx.cli import load_cli_model
-
-    if a.grid == "fraction":
-        return _main_fraction(a, load_cli_model)
-    if a.grid == "prefill":
-        model, tok = load_cli_model(a.model)
-        res = run_prefill_study(model, tok, log=lambda *x: print(*x, flush=True))
-        out = a.out or "nbs/results/quality_prefill.json"
-        with open(out, "w") as f:
-            json.dump(res, f, indent=1)
-        return res
+# %% ../../nbs/11k_eval_quality_cli.ipynb #3de62272
+def _main_tokens(a, load_cli_model):
+    "The token grid from the command line (`--grid tokens`, the default)."
     changes = dict(time_budget_s=a.time_budget, n_passkey=a.n_passkey, ppl_samples=a.ppl_samples,
                    passkey_offset=a.passkey_offset, verify=False if a.no_verify else None,
                    methods=a.methods and tuple(m.strip() for m in a.methods.split(",") if m.strip()),
@@ -119,18 +90,21 @@ def main(argv=None):
     print(f"model {s.model} loaded in {time.perf_counter() - t:.0f} s", flush=True)
     res = run_grid(model, tok, s, log=lambda *x: print(*x, flush=True))
     res["settings"]["quick"] = a.quick
-    if a.passkey_from:
-        with open(a.passkey_from) as f:
-            res = combine_runs(json.load(f), res)
-    if a.merge_into:
-        with open(a.merge_into) as f:
-            res = merge_results(json.load(f), res)
+    if a.passkey_from: res = combine_runs(json.load(open(a.passkey_from)), res)
+    if a.merge_into: res = merge_results(json.load(open(a.merge_into)), res)
     out = a.out or ("nbs/results/quality_quick.json" if a.quick else "nbs/results/quality.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(res, f, indent=1)
-    print(format_table(res))
-    if a.plots:
-        print("\n".join(plot_results(res, a.plots)))
+    print(format_table(write_json(res, out)))
+    if a.plots: print("\n".join(plot_results(res, a.plots)))
     print(f"wrote {out} ({res['timing']['total_s']:.0f} s)")
     return res
+
+# %% ../../nbs/11k_eval_quality_cli.ipynb #a5ea707f
+def main(argv=None):
+    "`python scripts/bench_quality.py [--grid tokens|fraction|prefill] [--quick] [--model M] [--out PATH] ...`"
+    a = build_parser().parse_args(argv)
+    from veloxquant_mlx.cli import load_cli_model
+    if a.grid == "fraction": return _main_fraction(a, load_cli_model)
+    if a.grid == "tokens": return _main_tokens(a, load_cli_model)
+    model, tok = load_cli_model(a.model)
+    res = run_prefill_study(model, tok, log=lambda *x: print(*x, flush=True))
+    return write_json(res, a.out or "nbs/results/quality_prefill.json")
