@@ -30,7 +30,7 @@ def build_parser():
     opt("--methods", "row labels to run, separated by ',' (tokens grid) or ';' (fraction grid: its labels hold commas)")
     opt("--ppl-samples", "perplexity texts (0: pass key only)", type=int)
     opt("--passkey-offset", "skip this many pass-key prompts of the seeded list (to extend a run)", type=int)
-    ap.add_argument("--quick", action="store_true", help="tokens grid, tiny sizes: checks the harness in about a minute")
+    ap.add_argument("--quick", action="store_true", help="tokens grid, tiny sizes: a minute")
     opt("--n-passkey", "tokens grid: pass-key prompts per setting", type=int)
     opt("--budgets", "tokens grid: comma-separated tokens per layer (default: the run's)")
     opt("--plots", "tokens grid: write the PNGs into this directory")
