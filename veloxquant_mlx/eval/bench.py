@@ -35,11 +35,12 @@ MODEL_SPECS = {
 }
 
 # %% ../../nbs/12a_eval_bench.ipynb #b1e0a002
-def build_model(name:str): # a key of `MODEL_SPECS`, or "gemma3_270m" (the converted real model)
-    "The benchmark model `name`: random weights in float32, or the real Gemma 3 270M."
-    if name == "gemma3_270m":
-        from veloxquant_mlx.models import load_default_model
-        return load_default_model(progress=False)[0]
+def build_model(name:str, # a key of `MODEL_SPECS`, "gemma3_270m" (the converted real model), or an mlx-lm model dir
+               ):
+    "The benchmark model `name`: random weights in float32, the real Gemma 3 270M, or your own mlx-lm model."
+    if name == "gemma3_270m" or name not in MODEL_SPECS:
+        from veloxquant_mlx.models import load_default_model, load_model
+        return (load_default_model(progress=False) if name == "gemma3_270m" else load_model(name))[0]
     spec = dict(MODEL_SPECS[name])
     arch, n = spec.pop("arch"), spec.pop("n_layers")
     return tiny_model(arch, n_layers=n, max_position_embeddings=1 << 16, **spec)
