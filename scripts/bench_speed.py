@@ -4,10 +4,10 @@
 `python scripts/bench_speed.py [--quick] [--parts decode,contexts,evict_paths,coordinator] [--set KEY=JSON]
 [--out nbs/results/speed.json] [--images nbs/images]`
 
-A thin wrapper around `veloxquant_mlx.bench.main` (see nbs/12_speed.ipynb)."""
+A thin wrapper around `veloxquant_mlx.eval.bench_run.main` (see nbs/12c_eval_bench_run.ipynb)."""
 from veloxquant_mlx.blas import preload_openblas
 preload_openblas()  # before anything imports mlx.core
-from veloxquant_mlx.bench import main
+from veloxquant_mlx.eval.bench_run import main
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,9 @@ from veloxquant_mlx.builder import KVCacheBuilder, KVCacheConfig, kv_nbytes_bf16
 from veloxquant_mlx.h2o import kept_agreement
 from veloxquant_mlx.methods import keep_all_caches
 from veloxquant_mlx.storage import FloatStorage, GroupStorage, KiviStorage, dequantize_groups
-from veloxquant_mlx import quality as Q
+from veloxquant_mlx.eval import grid as Q  # the quality harness: perplexity_rows reads its kv_bytes (patched below)
+from veloxquant_mlx.eval.prompts import ppl_sequences
+from veloxquant_mlx.eval.batching import shared_prefill, batched_forward, cache_arrays, slot_windows
 
 FULL_RUN = dict(lengths=[512, 1024, 2048], att_rounds=7, att_reps=15, context=2048, decode_rounds=8, decode_steps=4,
                 agree_context=1536, agree_decode=64, ppl_texts=6, ppl_context=1536, ppl_tokens=256, ppl_chunk=16)
@@ -96,10 +98,10 @@ def decode_rows(model):
 
 def decode_speed(model, tok, context:int, rounds:int, steps:int)->dict:
     "Seconds per decode step (one token through the model), every cache holding the same tokens; interleaved rounds."
-    ids = Q.ppl_sequences(tok, 1, context, rounds * steps + 8, seed=3)[0]
+    ids = ppl_sequences(tok, 1, context, rounds * steps + 8, seed=3)[0]
     rows = decode_rows(model)
-    Q.shared_prefill(model, ids[:context], make_prompt_cache(model), [c for _, c in rows])
-    arrays = lambda cs: [a for c in cs for a in Q._arrays(c)]
+    shared_prefill(model, ids[:context], make_prompt_cache(model), [c for _, c in rows])
+    arrays = lambda cs: [a for c in cs for a in cache_arrays(c)]
     def step(cs, i):
         t = time.perf_counter()
         mx.eval(model(mx.array([[ids[i]]]), cache=cs), arrays(cs))
@@ -128,8 +130,8 @@ def decode_speed(model, tok, context:int, rounds:int, steps:int)->dict:
 def agreement(model, tok, context:int, decode:int)->dict:
     "Share of kept positions a quantized layer has in common with the same method in float: at the prompt's end and "
     "after `decode` more tokens fed one at a time (every step evicts one)."
-    ids = Q.ppl_sequences(tok, 1, context, decode + 1, seed=5)[0]
-    out, windows = {}, Q._slot_windows(model)
+    ids = ppl_sequences(tok, 1, context, decode + 1, seed=5)[0]
+    out, windows = {}, slot_windows(model)
     for method, budget in AGREE_ROWS:
         cfgs = [KVCacheConfig.for_method(method, budget, **kv) for kv in
                 ({}, dict(kv_bits=8, kv_scheme="kivi"), dict(kv_bits=4, kv_scheme="kivi"),
@@ -140,8 +142,8 @@ def agreement(model, tok, context:int, decode:int)->dict:
                             for a, b in zip(sets[0], cs)]
         at_end = [share(cs) for cs in sets[1:]]
         for i in range(decode):
-            mx.eval(Q.batched_forward(model, mx.array([[ids[context + i]]] * len(sets)), sets, windows),
-                    [a for cs in sets for c in cs for a in Q._arrays(c)])
+            mx.eval(batched_forward(model, mx.array([[ids[context + i]]] * len(sets)), sets, windows),
+                    [a for cs in sets for c in cs for a in cache_arrays(c)])
         after = [share(cs) for cs in sets[1:]]
         for cfg, e, d in zip(cfgs[1:], at_end, after):
             out[f"{cfg.label} @{budget}"] = dict(prompt_end=sum(e) / len(e), after_decode=sum(d) / len(d),

@@ -3,7 +3,7 @@ the figure, every batch size is measured for both methods, and the comparison at
 time ratio is asserted."""
 import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before mlx on Linux)
 import json
-from veloxquant_mlx.batch_bench import main, summarize
+from veloxquant_mlx.eval.batch_bench import main, summarize
 
 def test_bench_batch_command_line(tmp_path, capsys):
     out = tmp_path / "b.json"

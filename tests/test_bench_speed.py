@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from veloxquant_mlx.blas import preload_openblas
 preload_openblas()
-from veloxquant_mlx import bench
+from veloxquant_mlx.eval import bench_run as bench  # the run, its tables and command line (and the kinds)
 from veloxquant_mlx.methods import METHODS, Method, register
 from veloxquant_mlx.policies import Recency
 

@@ -159,7 +159,7 @@ def test_streamingllm_decodes_like_mlx_lm_rotating_cache(arch):
     Choosing after the prefill's chunk (`compress="chunk"`), the two hold the same tokens at every step. (By default our
     layer chooses at the prompt's end, *after* the last prompt token has attended over the whole prompt, as a full
     cache would; from then on the two hold the same tokens too, but that first step's hidden states differ.)"""
-    from veloxquant_mlx.quality import prefilled
+    from veloxquant_mlx.eval.batching import prefilled
     model, ids = tiny_model(arch), PROMPT[0].tolist()
     ours, mlx = KVCacheConfig.for_method("streamingllm", 24, compress="chunk"), KVCacheConfig.for_method("mlx-rotating", 24)
     full, a, b = prefilled(model, ids[:-1], [ours, mlx])           # one prefill (full attention) for both

@@ -317,7 +317,8 @@ def test_home_quality_figures_equal_the_quality_page(site, page):
 
 def test_readme_and_index_show_the_current_results():
     "README.md and the saved output of nbs/index.ipynb carry what the quality functions make of the results JSON now."
-    from veloxquant_mlx.quality import load_fraction_results, fraction_headline, fraction_table, HEADLINE_ROWS, FRACTION_RESULTS
+    from veloxquant_mlx.eval.results import load_fraction_results, HEADLINE_ROWS, FRACTION_RESULTS
+    from veloxquant_mlx.eval.tables import fraction_headline, fraction_table
     res = load_fraction_results(*[str(ROOT/'nbs'/p) for p in FRACTION_RESULTS])
     want = fraction_headline(res, HEADLINE_ROWS[0]) + "\n\n" + fraction_table(res, HEADLINE_ROWS)
     fix = 'run `python scripts/run_nb.py nbs/index.ipynb && python scripts/render_readme.py`'

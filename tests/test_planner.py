@@ -8,7 +8,7 @@ from mlx_lm.models.cache import save_prompt_cache, load_prompt_cache
 from veloxquant_mlx.builder import (tiny_model, KVCacheConfig, KVCacheBuilder, greedy, prompt_logits, coordinator_of,
                                     recommended_config, cache_summary)
 from veloxquant_mlx.batch import greedy_alone, greedy_batched
-from veloxquant_mlx.quality import kv_bytes_bf16, full_bytes_bf16
+from veloxquant_mlx.eval.measure import kv_bytes_bf16, full_bytes_bf16
 
 MODELS = {}
 def gemma(window=64):

@@ -4,7 +4,14 @@ from pathlib import Path
 import pytest
 from veloxquant_mlx.blas import preload_openblas
 preload_openblas()
-from veloxquant_mlx import quality as Q
+from veloxquant_mlx.builder import KVCacheConfig
+from veloxquant_mlx.eval.prompts import passkey_set, ppl_sequences
+from veloxquant_mlx.eval.measure import lcs, first_digits, score_answer
+from veloxquant_mlx.eval.batching import check_shared_prefill, check_batched, prefilled, score_continuation, batched_score
+from veloxquant_mlx.eval.grid import FULL, GRID, QUICK, GridSettings, grid_configs, run_grid
+from veloxquant_mlx.eval.results import merge_results, combine_runs
+from veloxquant_mlx.eval.grid_tables import format_table, markdown_table, gap_table, paired_nll
+from veloxquant_mlx.eval.plots import plot_results
 from veloxquant_mlx.cli import load_cli_model
 from veloxquant_mlx.methods import METHODS
 
@@ -34,33 +41,33 @@ def check_structure(res, budgets, methods):
         if r["task"] == "passkey": assert 0 <= r["accuracy"] <= 1 and 0 <= r["partial"] <= 1
         else: assert r["ppl"] > 0 and r["ppl_ratio"] > 0
     json.dumps(res)
-    assert isinstance(Q.format_table(res), str)
+    assert isinstance(format_table(res), str)
 
 def test_scoring():
-    assert Q.lcs("12345", "12345") == 5 and Q.lcs("13579", "12345") == 3 and Q.lcs("", "12345") == 0
-    assert Q.first_digits(" 12345.\n") == "12345" and Q.first_digits(" the key") == ""
-    s = Q.score_answer(" 12346. Remember", "12345")
+    assert lcs("12345", "12345") == 5 and lcs("13579", "12345") == 3 and lcs("", "12345") == 0
+    assert first_digits(" 12345.\n") == "12345" and first_digits(" the key") == ""
+    s = score_answer(" 12346. Remember", "12345")
     assert s["exact"] == 0.0 and s["partial"] == 0.8
-    assert Q.score_answer(" 12345", "12345")["exact"] == 1.0
-    assert Q.score_answer(" 123456789", "12345")["partial"] == 1.0   # only the first len(key) digits count for partial credit
+    assert score_answer(" 12345", "12345")["exact"] == 1.0
+    assert score_answer(" 123456789", "12345")["partial"] == 1.0   # only the first len(key) digits count for partial credit
 
 def test_configs_cover_the_grid():
     "Every registered method has a row (without a line of its own in the harness), and the rows' labels are unique."
-    cfgs = Q.grid_configs(128)
+    cfgs = grid_configs(128)
     labels = [c.label for c in cfgs]
-    assert len(set(labels)) == len(labels) == len(Q.GRID)
+    assert len(set(labels)) == len(labels) == len(GRID)
     assert {m for m in METHODS if m != "full"} <= set(labels)
     for c in cfgs:
-        assert c.budget == 128 and Q.KVCacheConfig.from_label(c.label, 128) == c
+        assert c.budget == 128 and KVCacheConfig.from_label(c.label, 128) == c
 
-EVICTING = [c for c in Q.grid_configs(40) if not c.entry.baseline]
+EVICTING = [c for c in grid_configs(40) if not c.entry.baseline]
 
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
 def test_shared_prefill_matches_own_prefill(arch):
     "Every eviction method gives the same tokens (and first-step log-probs) from the shared prefill as from its own generate_step."
     model, tok = load_cli_model("tiny:" + arch)
-    ids = Q.passkey_set(tok, 1, lengths=[300], depths=[0.5])[0]["ids"]
-    res = Q.check_shared_prefill(model, tok, ids, [Q.FULL] + EVICTING, max_tokens=4)
+    ids = passkey_set(tok, 1, lengths=[300], depths=[0.5])[0]["ids"]
+    res = check_shared_prefill(model, tok, ids, [FULL] + EVICTING, max_tokens=4)
     for name, r in res.items():
         assert r["same"], (name, r)
         assert r["first_logprob_maxdiff"] < 1e-3, (name, r)
@@ -69,31 +76,31 @@ def test_shared_prefill_matches_own_prefill(arch):
 def test_batched_decoding_matches_sequential(arch):
     "Batched decoding (one forward for every method) gives each method the answer its own generate_step gives."
     model, tok = load_cli_model("tiny:" + arch)
-    ids = Q.passkey_set(tok, 1, lengths=[300], depths=[0.3])[0]["ids"]
-    res = Q.check_batched(model, tok, ids, Q.grid_configs(40), max_tokens=5)
-    assert len(res) == 1 + len(Q.GRID)
+    ids = passkey_set(tok, 1, lengths=[300], depths=[0.3])[0]["ids"]
+    res = check_batched(model, tok, ids, grid_configs(40), max_tokens=5)
+    assert len(res) == 1 + len(GRID)
     for name, r in res.items(): assert r["same"], (name, r)
 
 def test_batched_perplexity_matches_sequential():
     model, tok = load_cli_model("tiny:gemma3")
-    ids = Q.ppl_sequences(tok, 1, 200, 20)[0]
-    configs = Q.grid_configs(40)
-    seq = [Q.score_continuation(model, c, ids, 200, 8) for c in Q.prefilled(model, ids[:200], configs)]
-    bat = Q.batched_score(model, Q.prefilled(model, ids[:200], configs), ids, 200, 8)
+    ids = ppl_sequences(tok, 1, 200, 20)[0]
+    configs = grid_configs(40)
+    seq = [score_continuation(model, c, ids, 200, 8) for c in prefilled(model, ids[:200], configs)]
+    bat = batched_score(model, prefilled(model, ids[:200], configs), ids, 200, 8)
     for name, (a, n), (b, k) in zip(["full"] + [c.label for c in configs], seq, bat):
         assert n == k == 20 and abs(a - b) <= 1e-4 * abs(a) + 1e-3, (name, a, b)
 
 def test_run_grid_tiny():
     model, tok = load_cli_model("tiny:gemma3")
-    res = Q.run_grid(model, tok, "tiny:gemma3", log=lambda *a: None, **TINY)
-    check_structure(res, TINY["budgets"], Q.GRID)
+    res = run_grid(model, tok, GridSettings("tiny:gemma3", **TINY), log=lambda *a: None)
+    check_structure(res, TINY["budgets"], GRID)
     assert res["rows"][-1]["samples"] == 2 and len(res["keys"]) == 2 and len(res["prompts"]) == 2
 
 def test_run_grid_sequential_and_verify_agree():
     model, tok = load_cli_model("tiny:llama")
     kw = {**TINY, "n_passkey": 1, "budgets": [40]}
-    a = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, batched=True, verify=True, **kw)
-    b = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, batched=False, **kw)
+    a = run_grid(model, tok, GridSettings("tiny:llama", batched=True, verify=True, **kw), log=lambda *x: None)
+    b = run_grid(model, tok, GridSettings("tiny:llama", batched=False, **kw), log=lambda *x: None)
     assert all(r["same"] for r in a["verification"]["results"].values())
     for ra, rb in zip(a["rows"], b["rows"]):
         assert ra["name"] == rb["name"]
@@ -102,8 +109,8 @@ def test_run_grid_sequential_and_verify_agree():
 
 def test_plot_results(tmp_path):
     model, tok = load_cli_model("tiny:llama")
-    res = Q.run_grid(model, tok, "tiny:llama", log=lambda *a: None, **{**TINY, "n_passkey": 1})
-    paths = Q.plot_results(res, str(tmp_path))
+    res = run_grid(model, tok, GridSettings("tiny:llama", **{**TINY, "n_passkey": 1}), log=lambda *a: None)
+    paths = plot_results(res, str(tmp_path))
     assert sorted(Path(p).name for p in paths) == ["quality_passkey_accuracy.png", "quality_passkey_partial.png", "quality_perplexity.png"]
 
 def test_script_quick_mode(tmp_path):
@@ -114,34 +121,34 @@ def test_script_quick_mode(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["settings"]["quick"] is True
-    check_structure(res, Q.QUICK["budgets"], Q.GRID)
+    check_structure(res, list(QUICK.budgets), GRID)
 
 def test_extend_and_merge():
     "A pass-key-only run continuing an earlier one pools into the same rows (sample-weighted)."
     model, tok = load_cli_model("tiny:llama")
     kw = {**TINY, "budgets": [40]}
-    a = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 1})
-    b = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 1, "ppl_samples": 0, "passkey_offset": 1})
+    a = run_grid(model, tok, GridSettings("tiny:llama", **{**kw, "n_passkey": 1}), log=lambda *x: None)
+    b = run_grid(model, tok, GridSettings("tiny:llama", **{**kw, "n_passkey": 1, "ppl_samples": 0, "passkey_offset": 1}), log=lambda *x: None)
     assert not any(r["task"] == "perplexity" for r in b["rows"])
-    both = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 2})
-    m = Q.merge_results(a, b)
+    both = run_grid(model, tok, GridSettings("tiny:llama", **{**kw, "n_passkey": 2}), log=lambda *x: None)
+    m = merge_results(a, b)
     assert m["keys"] == both["keys"] and len(m["runs"]) == 2
-    check_structure(m, [40], Q.GRID)
+    check_structure(m, [40], GRID)
     for x, y in zip(sorted(m["rows"], key=lambda r: (r["task"], r["name"])), sorted(both["rows"], key=lambda r: (r["task"], r["name"]))):
         assert x["samples"] == y["samples"]
         if x["task"] == "passkey": assert x["answers"] == y["answers"] and abs(x["partial"] - y["partial"]) < 1e-9
-    with pytest.raises(ValueError): Q.merge_results(b, a)
+    with pytest.raises(ValueError): merge_results(b, a)
 
 def test_perplexity_only_run_combines_with_passkey_run():
     model, tok = load_cli_model("tiny:llama")
     kw = {**TINY, "budgets": [40], "n_passkey": 1}
-    a = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **kw)
-    b = Q.run_grid(model, tok, "tiny:llama", log=lambda *x: None, **{**kw, "n_passkey": 0, "ppl_samples": 2})
+    a = run_grid(model, tok, GridSettings("tiny:llama", **kw), log=lambda *x: None)
+    b = run_grid(model, tok, GridSettings("tiny:llama", **{**kw, "n_passkey": 0, "ppl_samples": 2}), log=lambda *x: None)
     assert {r["task"] for r in b["rows"]} == {"perplexity"} and all(len(r["nll_per_text"]) == 2 for r in b["rows"])
-    c = Q.combine_runs(a, b)
-    check_structure(c, [40], Q.GRID)
+    c = combine_runs(a, b)
+    check_structure(c, [40], GRID)
     assert next(r for r in c["rows"] if r["task"] == "perplexity")["samples"] == 2 and c["settings"]["ppl_samples"] == 2
-    assert isinstance(Q.markdown_table(c), str) and len(Q.gap_table(c)) == len(Q.GRID)
-    d = Q.paired_nll(c, "h2o", "h2o[score=key_proxy]")
+    assert isinstance(markdown_table(c), str) and len(gap_table(c)) == len(GRID)
+    d = paired_nll(c, "h2o", "h2o[score=key_proxy]")
     assert len(d) == 1 and d[0]["texts"] == 2 and 0 <= d[0]["a_lower"] <= 2
-    assert Q.paired_nll(c, "h2o", "h2o")[0]["mean_diff"] == 0
+    assert paired_nll(c, "h2o", "h2o")[0]["mean_diff"] == 0

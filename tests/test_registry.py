@@ -28,7 +28,8 @@ def oldest():
     del METHODS["oldest"], POLICIES["oldest_first"]
 
 def test_a_new_method_reaches_everything_through_the_registry(oldest):
-    from veloxquant_mlx import cli, quality, bench
+    from veloxquant_mlx import cli
+    from veloxquant_mlx.eval import grid, fraction, bench
     cfg = KVCacheConfig.for_method("oldest", 24)
     model = tiny_model("llama")
     caches = KVCacheBuilder.for_model(model, cfg)
@@ -46,6 +47,6 @@ def test_a_new_method_reaches_everything_through_the_registry(oldest):
     assert cli.main(["generate", "--model", "tiny:llama", "--method", "oldest", "--budget", "16", "--max-tokens", "3",
                      "--json", "hello " * 20], out=buf) == 0
     assert json.loads(buf.getvalue())["method"] == "oldest"
-    assert "oldest" in [c.label for c in quality.grid_configs(64)]             # the token grid
-    assert "oldest" in [quality.row_name(r) for r in quality.fraction_rows()]  # the fraction grid
+    assert "oldest" in [c.label for c in grid.grid_configs(64)]             # the token grid
+    assert "oldest" in [fraction.row_name(r) for r in fraction.fraction_rows()]  # the fraction grid
     assert "oldest" in bench.decode_kinds()                                     # the speed benchmark

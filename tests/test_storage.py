@@ -14,7 +14,8 @@ from veloxquant_mlx.builder import tiny_model, prompt_logits
 from veloxquant_mlx.cli import ByteTokenizer, main
 from veloxquant_mlx.h2o import kept_agreement
 from veloxquant_mlx.storage import GroupStorage, KiviStorage, make_storage
-from veloxquant_mlx import quality as Q
+from veloxquant_mlx.eval import batching as Q
+from veloxquant_mlx.eval.prompts import passkey_set
 
 FORMATS = [dict(kv_bits=b, kv_scheme=s, kv_group_size=32) for b in (8, 4, 2) for s in ("group", "kivi")]
 fid = lambda f: f"{f['kv_scheme']}{f['kv_bits']}"
@@ -141,7 +142,7 @@ def test_quality_harness_shared_prefill_and_batches():
             KVCacheConfig("full", kv_bits=4, kv_scheme="kivi", kv_group_size=32),
             KVCacheConfig.for_method("snapkv", 40, kv_bits=4, kv_scheme="kivi", kv_group_size=32),
             KVCacheConfig.for_method("h2o", 40, kv_bits=8, kv_group_size=32)]
-    ids = Q.passkey_set(tok, 1, lengths=[300], depths=[0.5])[0]["ids"]
+    ids = passkey_set(tok, 1, lengths=[300], depths=[0.5])[0]["ids"]
     sets = Q.prefilled(model, ids[:-1], cfgs)
     assert any(isinstance(c, QuantizedKVCache) for c in sets[1])
     res = Q.check_batched(model, tok, ids, cfgs, max_tokens=4)

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from ..builder import KVCacheConfig, KVCacheBuilder
-from .. import quality as Q
+from . import prompts as P, measure as M, batching as B
 
 # %% auto #0
 __all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'code_text', 'continuation_texts', 'KeyFamily', 'key_set',
@@ -34,7 +34,7 @@ def code_text(n_chars:int, # roughly how many characters of source to return
 # %% ../../nbs/15_every_task.ipynb #50dd1f17
 CONTINUATION = dict(
     prose=lambda need, i: __import__("veloxquant_mlx.models", fromlist=["x"]).prose_text(6 * need + 2000, skip_chars=7_000 + i * 14_000),
-    docs=lambda need, i: Q.docstring_prose()[30_000 + i * 20_000:],
+    docs=lambda need, i: P.docstring_prose()[30_000 + i * 20_000:],
     code=lambda need, i: code_text(6 * need, skip=20 + 9 * i),
 )  # text kind -> (tokens needed, sample index) -> text
 
@@ -82,12 +82,12 @@ KEY_FAMILIES = {f.name: f for f in (
               "I will ask you about them.\n\n", " The pass key of the {label} door is {key}. Remember it.",
               "\n\nWhat is the pass key of the {label} door? The pass key of the {label} door is",
               " The launch code is {key}. Remember it.", "\n\nWhat is the launch code? The launch code is",
-              ("red", "blue", "green", "yellow", "white", "black"), lambda n: Q._FILL_LANDMARK * (n // 15 + 20)),
+              ("red", "blue", "green", "yellow", "white", "black"), lambda n: P._FILL_LANDMARK * (n // 15 + 20)),
     KeyFamily("accounts", "Below is a long excerpt of library documentation. Several numbers are mentioned in it. Read "
               "carefully; you will be asked about them at the end.\n\n", " The account number of {label} is {key}.",
               "\n\nQuestion: what is the account number of {label}?\nAnswer: The account number of {label} is",
               " The meeting room number is {key}.", "\n\nQuestion: what is the meeting room number?\nAnswer: The "
-              "meeting room number is", ("Alice", "Bruno", "Chen", "Dara", "Emil", "Farah"), lambda n: Q.docstring_prose()),
+              "meeting room number is", ("Alice", "Bruno", "Chen", "Dara", "Emil", "Farah"), lambda n: P.docstring_prose()),
 )}
 
 # %% ../../nbs/15_every_task.ipynb #13262314
@@ -123,8 +123,8 @@ def _prefill(model, ids:list, rows:dict)->list:
     "Full cache first, then one cache per row, after one shared prefill of `ids`; every row chooses now."
     sets = [build(model) for build in rows.values()]
     ref = make_prompt_cache(model)
-    Q.shared_prefill(model, ids, ref, sets)
-    Q.compress_prompt(sets)
+    B.shared_prefill(model, ids, ref, sets)
+    B.compress_prompt(sets)
     return [ref] + sets
 
 # %% ../../nbs/15_every_task.ipynb #8637f0ac
@@ -137,13 +137,13 @@ def key_answers(model, tokenizer, prompts:list, # from `key_set`
     for p in prompts:
         caches = _prefill(model, p["ids"][:-1], rows)
         if "follow" in p:                                     # the first answer, then the second question, in one pass
-            Q.batched_forward(model, mx.array([p["ids"][-1:] + p["follow"][:-1]] * len(caches)), caches)
-            texts, key = Q.batched_greedy(model, tokenizer, p["follow"][-1], caches, max_tokens), p["key2"]
-        else: texts, key = Q.batched_greedy(model, tokenizer, p["ids"][-1], caches, max_tokens), p["key"]
-        full = Q.full_bytes_bf16(model, caches[0][0].offset)                # held after the answer, packed
-        shares = [1.0] + [Q.kv_bytes_bf16(cs) / full for cs in caches[1:]]
+            B.batched_forward(model, mx.array([p["ids"][-1:] + p["follow"][:-1]] * len(caches)), caches)
+            texts, key = B.batched_greedy(model, tokenizer, p["follow"][-1], caches, max_tokens), p["key2"]
+        else: texts, key = B.batched_greedy(model, tokenizer, p["ids"][-1], caches, max_tokens), p["key"]
+        full = M.full_bytes_bf16(model, caches[0][0].offset)                # held after the answer, packed
+        shares = [1.0] + [M.kv_bytes_bf16(cs) / full for cs in caches[1:]]
         for k, t, s in zip(out, texts, shares):
-            out[k].append(dict(exact=Q.first_digits(t) == key, answer=t, share=s))
+            out[k].append(dict(exact=M.first_digits(t) == key, answer=t, share=s))
     return out
 
 # %% ../../nbs/15_every_task.ipynb #91732ac6
@@ -156,9 +156,9 @@ def continuation_nll(model, seqs:list, # from `continuation_texts`
     out = {k: dict(nll=0.0, tokens=0, share=0.0, per_text=[]) for k in ["full", *rows]}
     for ids in seqs:
         caches = _prefill(model, ids[:context], rows)
-        scored = Q.batched_score(model, caches, ids, context, chunk)
-        full = Q.full_bytes_bf16(model, len(ids) - 1)                     # held at the end, packed
-        shares = [1.0] + [Q.kv_bytes_bf16(cs) / full for cs in caches[1:]]
+        scored = B.batched_score(model, caches, ids, context, chunk)
+        full = M.full_bytes_bf16(model, len(ids) - 1)                     # held at the end, packed
+        shares = [1.0] + [M.kv_bytes_bf16(cs) / full for cs in caches[1:]]
         for k, (nll, n), s in zip(out, scored, shares):
             o = out[k]
             o["nll"], o["tokens"], o["share"] = o["nll"] + nll, o["tokens"] + n, o["share"] + s / len(seqs)
@@ -170,7 +170,7 @@ KEY_TASKS = dict(single=("pydoc", "docstrings"), multikey=("doors", "accounts"),
 TEXT_KINDS = ("prose", "docs", "code")
 
 def _prompts(tokenizer, task:str, family:str, n:int, n_tokens:int)->list:
-    if task == "single": return Q.family_set(tokenizer, family, n, n_tokens)
+    if task == "single": return P.family_set(tokenizer, family, n, n_tokens)
     return key_set(tokenizer, family, n, n_tokens, n_keys=4 if task == "multikey" else 1, second=task == "second")
 
 def every_task(model, tokenizer, rows:dict, # name -> model -> prompt cache
