@@ -15,7 +15,7 @@ from . import prompts as P, measure as M, batching as B
 # %% auto #0
 __all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'code_text', 'continuation_texts', 'KeyFamily', 'key_set',
            'config_row', 'key_answers', 'continuation_nll', 'every_task', 'task_table', 'markdown_task_table',
-           'plot_frontier']
+           'plot_frontier', 'every_task_headline']
 
 # %% ../../nbs/15_every_task.ipynb #74601d9d
 def code_text(n_chars:int, # roughly how many characters of source to return
@@ -252,3 +252,17 @@ def plot_frontier(res:dict, # results of `every_task`
     fig.tight_layout()
     if path: fig.savefig(path, dpi=110)
     return fig
+
+# %% ../../nbs/15_every_task.ipynb #d69062c1
+def every_task_headline(res:dict, # results of `every_task`
+                        row:str="default", # the configuration to describe
+                       )->str:
+    "One sentence per share of `row`: bytes held, hits of each key task against the full cache's, perplexity changes."
+    out = []
+    for t in task_table(res):
+        if t["row"].split("@")[0] != row: continue
+        hits = ", ".join(f"{k} {t[k][0]}/{t[k + '_full']}" for k in res["keys"])
+        ppl = ", ".join(f"{k} {t[k]:+.1f} %" for k in res["continuation"])
+        out.append(f"at **{t['row'].split('@')[1]}** of the full cache's bytes (held: {t['bytes']:.3f}) it answers "
+                   f"{hits} of what the full cache answers, and changes perplexity by {ppl}")
+    return "; ".join(out) + "."
