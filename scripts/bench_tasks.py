@@ -3,7 +3,7 @@ import veloxquant_mlx  # first: it loads OpenBLAS (Linux) before MLX
 import argparse, json, time
 from pathlib import Path
 from veloxquant_mlx.builder import KVCacheConfig, recommended_config
-from veloxquant_mlx.eval.tasks import every_task, config_row
+from veloxquant_mlx.eval.tasks import every_task, config_row, KEY_TASKS, TEXT_KINDS
 from veloxquant_mlx.models import load_default_model
 
 OLD_DEFAULT = dict(chunk=16, slack=8, window_budget=32, window_method="streamingllm")
@@ -28,15 +28,24 @@ def main():
     ap.add_argument("--out", default="nbs/results/every_task.json")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per key family")
     ap.add_argument("--texts", type=int, default=2, help="texts per continuation kind")
+    ap.add_argument("--tokens", type=int, default=2048, help="key prompts' length")
+    ap.add_argument("--context", type=int, default=1536, help="continuation: tokens read before the scored 256")
+    ap.add_argument("--tasks", default=",".join(KEY_TASKS), help="key tasks to run")
+    ap.add_argument("--kinds", default=",".join(TEXT_KINDS), help="continuation kinds to run")
+    ap.add_argument("--rows", default="", help="only rows whose name starts with one of these (comma-separated)")
     a = ap.parse_args()
     shares = [float(s) for s in a.shares.split(",")]
     model, tok = load_default_model()
-    configs = rows_at(shares)
-    kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else dict(n_prompts=a.prompts, n_texts=a.texts)
+    configs = {k: c for k, c in rows_at(shares).items() if not a.rows or k.startswith(tuple(a.rows.split(",")))}
+    kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else \
+        dict(n_prompts=a.prompts, n_texts=a.texts, n_tokens=a.tokens, context=a.context)
+    kw |= dict(tasks={t: KEY_TASKS[t] for t in a.tasks.split(",") if t}, kinds=tuple(k for k in a.kinds.split(",") if k))
     t0 = time.perf_counter()
     res = every_task(model, tok, {k: config_row(c) for k, c in configs.items()}, **kw)
     res["settings"] = dict(model="Gemma 3 270M (float32, greedy)", shares=shares, quick=a.quick,
-                           rows={k: c.label for k, c in configs.items()}, seconds=round(time.perf_counter() - t0), **kw)
+                           rows={k: c.label for k, c in configs.items()}, seconds=round(time.perf_counter() - t0),
+                           **{k: v for k, v in kw.items() if k not in ("tasks", "kinds")}, tasks=list(kw["tasks"]),
+                           kinds=list(kw["kinds"]))
     Path(a.out).write_text(json.dumps(res, indent=1))
     print("wrote", a.out)
 

@@ -178,16 +178,18 @@ def every_task(model, tokenizer, rows:dict, # name -> model -> prompt cache
                n_texts:int=2, # texts per continuation kind
                n_tokens:int=2048, # key prompts' length
                context:int=1536, # continuation: tokens read first
+               tasks:dict=KEY_TASKS, # key task -> its families
+               kinds:tuple=TEXT_KINDS, # continuation text kinds
                log=print)->dict:
     "{'keys': {task: {family: {row: [answers]}}}, 'continuation': {kind: {row: nll dict}}} over every task kind."
     out, t0 = dict(keys={}, continuation={}), time.perf_counter()
-    for task, fams in KEY_TASKS.items():
+    for task, fams in tasks.items():
         for fam in fams:
             res = key_answers(model, tokenizer, _prompts(tokenizer, task, fam, n_prompts, n_tokens), rows)
             out["keys"].setdefault(task, {})[fam] = res
             log(f"{task}/{fam}: " + ", ".join(f"{k} {sum(r['exact'] for r in v)}/{len(v)}" for k, v in res.items())
                 + f" [{time.perf_counter() - t0:.0f} s]")
-    for kind in TEXT_KINDS:
+    for kind in kinds:
         res = continuation_nll(model, continuation_texts(tokenizer, kind, n_texts, context), rows, context)
         out["continuation"][kind] = res
         log(f"{kind}: " + ", ".join(f"{k} {math.exp(v['nll'] / v['tokens']):.2f}" for k, v in res.items())
