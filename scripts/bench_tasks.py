@@ -14,12 +14,24 @@ def rows_at(shares):
     for f in shares:
         rows[f"default@{f}"] = recommended_config(f)
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
+    rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0])
     rows[f"chunkkv@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16)
     rows[f"chunkkv+squeeze@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16,
                                                                     schedule="squeeze")
     rows[f"snapkv@{shares[0]}"] = KVCacheConfig.for_method("snapkv", kv_fraction=shares[0])
     rows["kivi4"] = KVCacheConfig("full", kv_bits=4)
     return rows
+
+def builders(configs):
+    "Rows as functions `model -> caches`; `keep-all@F` is the default with no global eviction allowance."
+    from veloxquant_mlx.builder import KVCacheBuilder, coordinator_of
+    def keep_all(cfg):
+        def build(model):
+            caches = KVCacheBuilder.for_model(model, cfg)
+            coordinator_of(caches).max_evict = 0.0
+            return caches
+        return build
+    return {k: keep_all(c) if k.startswith("keep-all") else config_row(c) for k, c in configs.items()}
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
@@ -41,12 +53,12 @@ def main():
         dict(n_prompts=a.prompts, n_texts=a.texts, n_tokens=a.tokens, context=a.context)
     kw |= dict(tasks={t: KEY_TASKS[t] for t in a.tasks.split(",") if t}, kinds=tuple(k for k in a.kinds.split(",") if k))
     t0 = time.perf_counter()
-    res = every_task(model, tok, {k: config_row(c) for k, c in configs.items()}, **kw)
-    res["settings"] = dict(model="Gemma 3 270M (float32, greedy)", shares=shares, quick=a.quick,
+    def settings(): return dict(model="Gemma 3 270M (float32, greedy)", shares=shares, quick=a.quick,
                            rows={k: c.label for k, c in configs.items()}, seconds=round(time.perf_counter() - t0),
                            **{k: v for k, v in kw.items() if k not in ("tasks", "kinds")}, tasks=list(kw["tasks"]),
                            kinds=list(kw["kinds"]))
-    Path(a.out).write_text(json.dumps(res, indent=1))
+    save = lambda out: Path(a.out).write_text(json.dumps(dict(out, settings=settings()), indent=1))
+    save(every_task(model, tok, builders(configs), on_result=save, **kw))
     print("wrote", a.out)
 
 if __name__ == "__main__": main()

@@ -34,7 +34,7 @@ def code_text(n_chars:int, # roughly how many characters of source to return
 # %% ../../nbs/15_every_task.ipynb #50dd1f17
 CONTINUATION = dict(
     prose=lambda need, i: __import__("veloxquant_mlx.models", fromlist=["x"]).prose_text(6 * need + 2000, skip_chars=7_000 + i * 14_000),
-    docs=lambda need, i: P.docstring_prose()[30_000 + i * 20_000:],
+    docs=lambda need, i: P.docstring_prose()[i * 12_000:],
     code=lambda need, i: code_text(6 * need, skip=20 + 9 * i),
 )  # text kind -> (tokens needed, sample index) -> text
 
@@ -180,18 +180,22 @@ def every_task(model, tokenizer, rows:dict, # name -> model -> prompt cache
                context:int=1536, # continuation: tokens read first
                tasks:dict=KEY_TASKS, # key task -> its families
                kinds:tuple=TEXT_KINDS, # continuation text kinds
-               log=print)->dict:
+               log=print, # progress lines
+               on_result=None, # called with the results so far after each family and kind (e.g. to save them)
+              )->dict:
     "{'keys': {task: {family: {row: [answers]}}}, 'continuation': {kind: {row: nll dict}}} over every task kind."
     out, t0 = dict(keys={}, continuation={}), time.perf_counter()
     for task, fams in tasks.items():
         for fam in fams:
             res = key_answers(model, tokenizer, _prompts(tokenizer, task, fam, n_prompts, n_tokens), rows)
             out["keys"].setdefault(task, {})[fam] = res
+            if on_result: on_result(out)
             log(f"{task}/{fam}: " + ", ".join(f"{k} {sum(r['exact'] for r in v)}/{len(v)}" for k, v in res.items())
                 + f" [{time.perf_counter() - t0:.0f} s]")
     for kind in kinds:
         res = continuation_nll(model, continuation_texts(tokenizer, kind, n_texts, context), rows, context)
         out["continuation"][kind] = res
+        if on_result: on_result(out)
         log(f"{kind}: " + ", ".join(f"{k} {math.exp(v['nll'] / v['tokens']):.2f}" for k, v in res.items())
             + f" [{time.perf_counter() - t0:.0f} s]")
     return out
