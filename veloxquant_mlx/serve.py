@@ -9,6 +9,7 @@ from http.server import ThreadingHTTPServer
 import mlx_lm.server as mlx_server
 from mlx_lm.models.cache import LRUPromptCache
 from .builder import KVCacheBuilder
+from .cache import EvictingCache
 
 # %% auto #0
 __all__ = ['bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider', 'EvictingPromptCache', 'server_args', 'EvictingServer',
@@ -47,26 +48,34 @@ class EvictingModelProvider(mlx_server.ModelProvider):
         super().__init__(cli_args)
         if config.entry.baseline and config.method != "full":
             raise ValueError(f"`method` {config.method!r}: serve an eviction method, or 'full' (mlx-lm's own caches)")
-        if config.method != "full": KVCacheBuilder.install(model, config)
+        if config.method != "full" or config.kv_bits is not None: KVCacheBuilder.install(model, config)
         self.config, self._served = config, (model, tokenizer)
         self.load()
 
     def load(self, model_path=None, adapter_path=None, draft_model_path=None):
-        "The served (model, tokenizer), whatever model a request names."
+        "The served (model, tokenizer), whatever model a request names (the handler has checked the name)."
         if self.model is None:
             self.model, self.tokenizer = self._served
             self.model_key, self.draft_model, self.processor = ("veloxquant", self.config.label, None), None, None
-            self.is_batchable = all(hasattr(c, "merge") for c in self.model.make_cache())
+            caches = self.model.make_cache()
+            self.is_batchable = all(hasattr(c, "merge") for c in caches)
+            self.reusable = not any(isinstance(c, EvictingCache) for c in caches)
         return self.model, self.tokenizer
 
 class EvictingPromptCache(LRUPromptCache):
-    "mlx-lm's prompt cache; a cached sequence that would need trimming after an eviction is not reused."
+    "mlx-lm's prompt cache, for mlx-lm's own caches only: a cache of ours is neither kept nor reused."
+    def __init__(self, max_size:int=10, # sequences kept (mlx-lm's `--prompt-cache-size`)
+                 reuse:bool=True): # False: keep nothing, every request reads its prompt from scratch
+        super().__init__(max_size)
+        self.reuse = reuse
+
     def fetch_nearest_cache(self, model, tokens:list):
-        "The nearest reusable cache and the tokens left to read (`(None, tokens)` when none can be reused)."
-        try: return super().fetch_nearest_cache(model, tokens)
-        except ValueError as e:
-            if "cannot be trimmed" not in str(e): raise
-            return None, tokens
+        "The nearest reusable cache and the tokens left to read (`(None, tokens)` when nothing is reused)."
+        return super().fetch_nearest_cache(model, tokens) if self.reuse else (None, tokens)
+
+    def insert_cache(self, model, tokens:list, prompt_cache:list, *, cache_type:str="assistant"):
+        "Keep `prompt_cache` for later prompts starting with `tokens` (only when reusing)."
+        if self.reuse: super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
 
 # %% ../nbs/07a_serve.ipynb #a7a0000d
 @contextlib.contextmanager
@@ -100,7 +109,7 @@ class EvictingServer:
                  argv:list|tuple=()): # mlx_lm.server options (host, port, concurrency, ...)
         self.args = server_args(argv)
         self.provider = EvictingModelProvider(self.args, model, tokenizer, config)
-        self.generator = mlx_server.ResponseGenerator(self.provider, EvictingPromptCache(self.args.prompt_cache_size))
+        self.generator = mlx_server.ResponseGenerator(self.provider, EvictingPromptCache(self.args.prompt_cache_size, self.provider.reusable))
         fp = mlx_server.get_system_fingerprint()
         handler = lambda *a, **kw: _Handler(self.generator, *a, system_fingerprint=fp, **kw)
         self.httpd = ThreadingHTTPServer((self.args.host, self.args.port), handler)
