@@ -122,7 +122,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles a chat
 def check_messages(messages):
     "Raise `RequestError` (400) unless `messages` is a non-empty list of `{role, content}` objects."
     if not isinstance(messages, list) or not messages:
-        raise RequestError(400, f"`messages` must be a non-empty list of {{role, content}} objects, got {_short(messages)}")
+        raise RequestError(400, "`messages` must be a non-empty list of {role, content} objects, got "
+                                + _short(messages))
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise RequestError(400, f"`messages[{i}]` must be an object with a role and a content, got {_short(m)}")
@@ -130,7 +131,8 @@ def check_messages(messages):
             raise RequestError(400, f"`messages[{i}].role` must be one of {ROLES}, got {_short(m.get('role'))}")
         c = m.get("content")
         if c is None and m["role"] == "assistant" and m.get("tool_calls"): continue
-        if isinstance(c, str) or isinstance(c, list) and c and all(isinstance(p, dict) and "type" in p for p in c): continue
+        parts = isinstance(c, list) and c and all(isinstance(p, dict) and "type" in p for p in c)
+        if isinstance(c, str) or parts: continue
         raise RequestError(400, f"`messages[{i}].content` must be a string or a list of content parts, got {_short(c)}")
 
 # %% ../nbs/07a_serve.ipynb #a7a00025
@@ -305,8 +307,8 @@ def check(self:EvictingServer, raw:bytes, path:str):
 def prompt_tokens(self:EvictingServer, body:dict, path:str)->int:
     "The prompt's length in tokens, laid out as mlx-lm will lay it out (chat template or not)."
     if path.endswith("chat/completions"):
-        req = mlx_server.CompletionRequest("chat", "", json.loads(json.dumps(body["messages"])), body.get("tools") or None,
-                                           body.get("role_mapping"))
+        messages = json.loads(json.dumps(body["messages"]))      # mlx-lm's layout may edit them in place
+        req = mlx_server.CompletionRequest("chat", "", messages, body.get("tools") or None, body.get("role_mapping"))
     else: req = mlx_server.CompletionRequest("text", body["prompt"], [], None, None)
     args = SimpleNamespace(chat_template_kwargs=body.get("chat_template_kwargs"))
     try: return len(self.generator._tokenize(self.provider.tokenizer, req, args)[0])
@@ -396,8 +398,9 @@ def bad_inputs(context:int, # the model's context in tokens
 def table_markdown(rows:list)->str:
     "`refusal_table` rows as a Markdown table."
     out = ["| sent | status | message | next good request served |", "|---|---|---|---|"]
-    out += [f"| {r['sent']} | {r['status']} | {r['message'].replace('|', '/')} | {'yes' if r['next_served'] else 'NO'} |"
-            for r in rows]
+    for r in rows:
+        served = "yes" if r["next_served"] else "NO"
+        out.append(f"| {r['sent']} | {r['status']} | {r['message'].replace('|', '/')} | {served} |")
     return "\n".join(out)
 
 # %% ../nbs/07a_serve.ipynb #a7a00014
