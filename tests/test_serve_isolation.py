@@ -10,7 +10,7 @@ import pytest
 from veloxquant_mlx.batch import greedy_alone, greedy_batched
 from veloxquant_mlx.builder import KVCacheBuilder, tiny_model
 from veloxquant_mlx.cli import method_config
-from veloxquant_mlx.serve import EvictingServer, tiny_tokenizer
+from veloxquant_mlx.serve import EvictingServer, tiny_tokenizer, PREFILL_STEP
 
 WORDS = "the pass key is 52817 remember it cache batch layer token budget evict keep prompt".split()
 MODELS, ALONE = {}, {}
@@ -36,7 +36,7 @@ def alone(arch, cfg, prompt, max_tokens):
     if key not in ALONE:
         model = model_for(arch)
         try: ALONE[key] = greedy_alone(model, tiny_tokenizer().encode(prompt), KVCacheBuilder.for_model(model, cfg),
-                                       max_tokens)
+                                       max_tokens, PREFILL_STEP)              # the server's prefill chunk
         except ValueError: ALONE[key] = 400        # e.g. too short for kv_fraction's floors (generate refuses it too)
     return ALONE[key]
 
@@ -86,7 +86,9 @@ def batched(model, cfg, reqs):
     """Token ids of `reqs` through one mlx-lm `BatchGenerator`, one joining every other step; a cancelled request is
     removed after its second token (the server's `remove` when a client goes)."""
     from mlx_lm.generate import BatchGenerator
-    gen, tok = BatchGenerator(model, stop_tokens=None, completion_batch_size=3, prefill_batch_size=2), tiny_tokenizer()
+    gen = BatchGenerator(model, stop_tokens=None, completion_batch_size=3, prefill_batch_size=2,
+                         prefill_step_size=PREFILL_STEP)
+    tok = tiny_tokenizer()
     uids, toks, done, pending, step = {}, {}, set(), list(enumerate(reqs)), 0
     while pending or len(done) < len(uids):
         if pending and step % 2 == 0:
@@ -127,3 +129,14 @@ def test_short_request_then_long_one(method, budget):
         got = complete(srv.url, long, 8)
     finally: srv.stop()
     assert got == alone("gemma3", cfg, long, 8)
+
+@pytest.mark.parametrize("method,budget,shared", [("tova", 48, dict(compress="chunk")), ("auto", None, {})])
+def test_long_prompt_read_in_generates_chunks(method, budget, shared):
+    "A prompt of several prefill chunks, next to a short request, answers as `generate` (512-token chunks) does."
+    cfg = method_config(method, budget, **shared)
+    long, short = " ".join(WORDS * 20)[:1400], "Count: " + " ".join(WORDS * 20)[:300]
+    srv = EvictingServer(tiny_model("gemma3"), tiny_tokenizer(), cfg, ["--port", "0", "--log-level", "ERROR"]).start()
+    try:
+        with ThreadPoolExecutor(2) as ex: got = list(ex.map(lambda p: complete(srv.url, p, 6), [long, short]))
+    finally: srv.stop()
+    assert got == [alone("gemma3", cfg, long, 6), alone("gemma3", cfg, short, 6)]

@@ -16,10 +16,10 @@ from .cache import EvictingCache
 from .coordinator import fraction_budgets
 
 # %% auto #0
-__all__ = ['ROLES', 'bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider', 'EvictingPromptCache', 'server_args',
-           'RequestError', 'check_messages', 'Limits', 'check_body', 'check_prompt', 'ClientGone', 'client_gone',
-           'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs', 'table_markdown',
-           'add_serve_parser', 'serve_from_args']
+__all__ = ['ROLES', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider', 'EvictingPromptCache',
+           'server_args', 'RequestError', 'check_messages', 'Limits', 'check_body', 'check_prompt', 'ClientGone',
+           'client_gone', 'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs',
+           'table_markdown', 'time_to_first_token', 'first_token_delays', 'add_serve_parser', 'serve_from_args']
 
 # %% ../nbs/07a_serve.ipynb #a7a00006
 def bytes_to_unicode()->dict:
@@ -258,6 +258,9 @@ def handle_models_request(self:_Handler):
     self.end_headers()
     self.wfile.write(body)
 
+# %% ../nbs/07a_serve.ipynb #a7a00039
+PREFILL_STEP = 512  # tokens per prefill chunk: generate's `--prefill-step` default (mlx-lm's server reads 2,048)
+
 # %% ../nbs/07a_serve.ipynb #a7a00035
 class EvictingServer:
     "mlx-lm's OpenAI-compatible HTTP server (continuous batching) over a model whose requests get eviction caches."
@@ -268,6 +271,7 @@ class EvictingServer:
                  max_prompt_tokens:int|None=None, # longest prompt accepted (None: the model's context)
                  max_tokens:int|None=None): # most tokens one request may ask for (None: the model's context)
         self.args = server_args(argv)
+        if not any(a.startswith("--prefill-step-size") for a in argv): self.args.prefill_step_size = PREFILL_STEP
         self.limits = _limits(model, model_id, max_prompt_tokens, max_tokens)
         if self.limits.max_tokens is not None: self.args.max_tokens = min(self.args.max_tokens, self.limits.max_tokens)
         self.provider = EvictingModelProvider(self.args, model, tokenizer, config)
@@ -402,6 +406,40 @@ def table_markdown(rows:list)->str:
         served = "yes" if r["next_served"] else "NO"
         out.append(f"| {r['sent']} | {r['status']} | {r['message'].replace('|', '/')} | {served} |")
     return "\n".join(out)
+
+# %% ../nbs/07a_serve.ipynb #a7a00061
+def time_to_first_token(url:str, # the server
+                        prompt:str, # a completion prompt
+                        max_tokens:int=4)->tuple: # tokens to generate
+    "(seconds until the first streamed token, the open response) of a streamed greedy completion."
+    import http.client, time, urllib.parse
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True})
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    while not r.fp.readline().startswith(b"data: "): pass
+    return time.perf_counter() - t0, r
+
+# %% ../nbs/07a_serve.ipynb #a7a00062
+def first_token_delays(url:str, # the server
+                       short:str, # the short request's prompt
+                       long:str)->dict: # the long prompt being read meanwhile
+    "A short request's seconds to first token alone, then while `long` is being read."
+    import http.client, time, urllib.parse
+    alone, r = time_to_first_token(url, short)
+    r.read()
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": long, "max_tokens": 1, "stream": True}),
+                 {"Content-Type": "application/json"})
+    held = conn.getresponse()                        # headers: the long prompt is queued
+    time.sleep(1.0)
+    loaded, r = time_to_first_token(url, short)
+    r.read()
+    held.read()
+    return dict(alone_s=alone, behind_long_s=loaded, ratio=loaded / alone)
 
 # %% ../nbs/07a_serve.ipynb #a7a00014
 def add_serve_parser(sub):
