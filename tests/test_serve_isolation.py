@@ -140,3 +140,27 @@ def test_long_prompt_read_in_generates_chunks(method, budget, shared):
         with ThreadPoolExecutor(2) as ex: got = list(ex.map(lambda p: complete(srv.url, p, 6), [long, short]))
     finally: srv.stop()
     assert got == [alone("gemma3", cfg, long, 6), alone("gemma3", cfg, short, 6)]
+
+def test_requests_choosing_their_configuration_answer_as_alone():
+    "Requests that chose different configurations (operator-allowed), batched together, each answer as alone."
+    from veloxquant_mlx.cli import build_parser
+    from veloxquant_mlx.serve import parse_allowed, request_choices, request_config, http_json
+    args = build_parser().parse_args(["serve", "--method", "h2o", "--budget", "24"])
+    choices = request_choices(args, parse_allowed(["method=h2o,snapkv,tova", "budget=24,48"]))
+    srv = EvictingServer(tiny_model("gemma3"), tiny_tokenizer(), method_config("h2o", 24),
+                         ["--port", "0", "--log-level", "ERROR"], choices=choices).start()
+    asks = [None, {"method": "snapkv", "budget": 48}, {"method": "tova"}, {"budget": 48}, {"method": "snapkv"}]
+    prompts = [" ".join(WORDS[i:] + WORDS[:i]) * 2 for i in range(len(asks))]
+    def ask(i):
+        body = {"prompt": prompts[i], "max_tokens": 6, "temperature": 0.0, "logprobs": True}
+        if asks[i] is not None: body["kv_cache"] = asks[i]
+        status, out = http_json(srv.url, "/v1/completions", body)
+        return [t["id"] for t in out["choices"][0]["logprobs"]["content"]] if status == 200 else status
+    try:
+        with ThreadPoolExecutor(len(asks)) as ex: got = list(ex.map(ask, range(len(asks))))
+        refused = http_json(srv.url, "/v1/completions", {"prompt": "hi", "kv_cache": {"method": "squeeze"}})
+    finally: srv.stop()
+    cfgs = [request_config(a, choices) or method_config("h2o", 24) for a in asks]
+    assert got == [alone("gemma3", c, p, 6) for c, p in zip(cfgs, prompts)]
+    assert len({c.label + str(c.budget) for c in cfgs}) == 5                  # five different configurations
+    assert refused[0] == 400 and "is not a choice on this server" in refused[1]["error"]["message"]

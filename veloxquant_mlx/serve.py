@@ -16,10 +16,11 @@ from .cache import EvictingCache
 from .coordinator import fraction_budgets
 
 # %% auto #0
-__all__ = ['ROLES', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider', 'EvictingPromptCache',
-           'server_args', 'RequestError', 'check_messages', 'Limits', 'check_body', 'check_prompt', 'ClientGone',
-           'client_gone', 'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs',
-           'table_markdown', 'time_to_first_token', 'first_token_delays', 'add_serve_parser', 'serve_from_args']
+__all__ = ['ROLES', 'REQUEST_FIELDS', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider',
+           'EvictingPromptCache', 'server_args', 'RequestError', 'check_messages', 'Limits', 'check_body',
+           'check_prompt', 'parse_allowed', 'request_choices', 'request_config', 'ClientGone', 'client_gone',
+           'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs', 'table_markdown',
+           'time_to_first_token', 'first_token_delays', 'add_serve_parser', 'serve_from_args']
 
 # %% ../nbs/07a_serve.ipynb #a7a00006
 def bytes_to_unicode()->dict:
@@ -70,19 +71,28 @@ class EvictingModelProvider(mlx_server.ModelProvider):
         return self.model, self.tokenizer
 
 class EvictingPromptCache(LRUPromptCache):
-    "mlx-lm's prompt cache, for mlx-lm's own caches only: a cache of ours is neither kept nor reused."
+    "mlx-lm's prompt cache, for mlx-lm's own caches only (a cache of ours is neither kept nor reused)."
     def __init__(self, max_size:int=10, # sequences kept (mlx-lm's `--prompt-cache-size`)
-                 reuse:bool=True): # False: keep nothing, every request reads its prompt from scratch
+                 reuse:bool=True, # False: keep nothing, every request reads its prompt from scratch
+                 model=None): # the served model, for a request that chose its own configuration
         super().__init__(max_size)
-        self.reuse = reuse
+        self.reuse, self.model, self.config = reuse, model, None    # config: the next request's own, if any
 
     def fetch_nearest_cache(self, model, tokens:list):
-        "The nearest reusable cache and the tokens left to read (`(None, tokens)` when nothing is reused)."
+        "Fresh caches of the request's own configuration, else the nearest reusable cache; and the tokens to read."
+        cfg, self.config = self.config, None
+        if cfg is not None: return KVCacheBuilder.for_model(self.model, cfg), tokens
         return super().fetch_nearest_cache(model, tokens) if self.reuse else (None, tokens)
 
     def insert_cache(self, model, tokens:list, prompt_cache:list, *, cache_type:str="assistant"):
         "Keep `prompt_cache` for later prompts starting with `tokens` (only when reusing)."
         if self.reuse: super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
+
+class _Generator(mlx_server.ResponseGenerator):
+    "mlx-lm's generation thread; a request's own configuration goes to the prompt cache that makes its caches."
+    def _tokenize(self, tokenizer, request, args):
+        self.prompt_cache.config = getattr(request, "kv_config", None)   # fetched right after, on this thread
+        return super()._tokenize(tokenizer, request, args)
 
 # %% ../nbs/07a_serve.ipynb #a7a0000d
 @contextlib.contextmanager
@@ -171,6 +181,60 @@ def check_prompt(n_tokens:int, # the prompt's length in the model's tokens
         raise RequestError(400, f"the prompt is {n_tokens} tokens, too short for this server's cache configuration "
                                 f"{config.label}: {e}") from None
 
+# %% ../nbs/07a_serve.ipynb #a7a00071
+REQUEST_FIELDS = {"method": str, "budget": int, "kv_fraction": float}  # what a request may choose, and its type
+
+def parse_allowed(specs:list)->dict: # `--allow-request` values, e.g. ["method=auto,snapkv", "kv_fraction=0.25,0.5"]
+    "{field: allowed values}, parsed by the field's type."
+    out = {}
+    for spec in specs:
+        field, _, values = spec.partition("=")
+        if field not in REQUEST_FIELDS or not values:
+            raise ValueError(f"--allow-request {spec!r}: give FIELD=V1,V2 with FIELD one of {tuple(REQUEST_FIELDS)}")
+        try: out[field] = tuple(REQUEST_FIELDS[field](v) for v in values.split(","))
+        except ValueError: raise ValueError(f"--allow-request {spec!r}: {field} values must be "
+                                            f"{REQUEST_FIELDS[field].__name__}s") from None
+    return out
+
+# %% ../nbs/07a_serve.ipynb #a7a00072
+def request_choices(args, # the serve command's options (the server's own configuration)
+                    allowed:dict)->dict: # `parse_allowed`'s {field: values}
+    "{sorted (field, value) pairs: the `KVCacheConfig`, or the CLI's message refusing it} for every allowed choice."
+    import itertools
+    from veloxquant_mlx.cli import CLIError, configs_from_args, METHODS as registry
+    from veloxquant_mlx.methods import METHODS
+    ok = ("auto",) + tuple(m for m in registry if not METHODS[m].baseline)
+    bad = [m for m in allowed.get("method", ()) if m not in ok]
+    if bad: raise ValueError(f"--allow-request method: {bad} cannot be chosen per request (a batch cannot mix "
+                             f"mlx-lm's caches with ours); choose among {', '.join(ok)}")
+    out, fields = {}, sorted(allowed)
+    for n in range(1, len(fields) + 1):
+        for subset in itertools.combinations(fields, n):
+            for values in itertools.product(*(allowed[f] for f in subset)):
+                asked = dict(zip(subset, values))
+                ns = argparse.Namespace(**{**vars(args), **asked})
+                if "kv_fraction" in asked and "budget" not in asked: ns.budget = None
+                if "budget" in asked and "kv_fraction" not in asked: ns.kv_fraction = None
+                try: out[tuple(sorted(asked.items()))] = configs_from_args(ns, [ns.method])[0]
+                except (CLIError, ValueError) as e: out[tuple(sorted(asked.items()))] = str(e)
+    return out
+
+# %% ../nbs/07a_serve.ipynb #a7a00073
+def request_config(asked, # the body's `kv_cache` value (None: not given)
+                   choices:dict): # `request_choices`
+    "The configuration a request chose (None: the server's), or `RequestError` (400) naming what it may choose."
+    if asked is None: return None
+    fields = sorted({k for key in choices for k, _ in key})
+    if not choices: raise RequestError(400, "`kv_cache`: this server does not let a request choose its configuration")
+    if not isinstance(asked, dict) or not asked or any(k not in fields for k in asked):
+        raise RequestError(400, f"`kv_cache` must be an object with some of {fields}, got {_short(asked)}")
+    got = choices.get(tuple(sorted(asked.items())))
+    if got is None:
+        opts = {f: sorted({v for key in choices for k, v in key if k == f}) for f in fields}
+        raise RequestError(400, f"`kv_cache` {_short(asked)} is not a choice on this server; it allows {opts}")
+    if isinstance(got, str): raise RequestError(400, f"`kv_cache` {_short(asked)}: {got}")
+    return got
+
 # %% ../nbs/07a_serve.ipynb #a7a00010
 class ClientGone(Exception):
     "The client closed its connection before its answer was complete."
@@ -239,7 +303,7 @@ def do_POST(self:_Handler):
     n = self.headers.get("Content-Length", "")
     if self.path in _POSTS and n.isdigit():
         raw = self.rfile.read(int(n))
-        try: self.owner.check(raw, self.path)
+        try: self.kv_config = self.owner.check(raw, self.path)
         except RequestError as e: return self._refuse(e)
         self.rfile = io.BytesIO(raw)                 # mlx-lm reads the body again
     self.response_generator = _Watched(self.owner.generator, self.connection)
@@ -258,6 +322,20 @@ def handle_models_request(self:_Handler):
     self.end_headers()
     self.wfile.write(body)
 
+@patch
+def handle_text_completions(self:_Handler):
+    "mlx-lm's text request, carrying the configuration the request chose."
+    req = super(_Handler, self).handle_text_completions()
+    req.kv_config = getattr(self, "kv_config", None)
+    return req
+
+@patch
+def handle_chat_completions(self:_Handler):
+    "mlx-lm's chat request, carrying the configuration the request chose."
+    req = super(_Handler, self).handle_chat_completions()
+    req.kv_config = getattr(self, "kv_config", None)
+    return req
+
 # %% ../nbs/07a_serve.ipynb #a7a00039
 PREFILL_STEP = 512  # tokens per prefill chunk: generate's `--prefill-step` default (mlx-lm's server reads 2,048)
 
@@ -269,7 +347,8 @@ class EvictingServer:
                  argv:list|tuple=(), # mlx_lm.server options (host, port, concurrency, ...)
                  model_id:str="veloxquant", # the name /v1/models lists and requests may give
                  max_prompt_tokens:int|None=None, # longest prompt accepted (None: the model's context)
-                 max_tokens:int|None=None): # most tokens one request may ask for (None: the model's context)
+                 max_tokens:int|None=None, # most tokens one request may ask for (None: the model's context)
+                 choices:dict|None=None): # the configurations a request may choose (`request_choices`)
         self.args = server_args(argv)
         if not any(a.startswith("--prefill-step-size") for a in argv): self.args.prefill_step_size = PREFILL_STEP
         self.limits = _limits(model, model_id, max_prompt_tokens, max_tokens)
@@ -278,8 +357,12 @@ class EvictingServer:
         if not getattr(tokenizer, "has_chat_template", False):
             logging.warning(f"{model_id} has no chat template: /v1/chat/completions lays messages out as 'USER: ... "
                             "ASSISTANT:', which a base model was not trained on; prefer /v1/completions")
-        cache = EvictingPromptCache(self.args.prompt_cache_size, self.provider.reusable)
-        self.generator = mlx_server.ResponseGenerator(self.provider, cache)
+        self.choices = choices or {}
+        if self.choices and self.provider.reusable:
+            raise ValueError("a request cannot choose a configuration beside mlx-lm's own caches: serve an eviction "
+                             "method (or auto) to allow choices")
+        cache = EvictingPromptCache(self.args.prompt_cache_size, self.provider.reusable, model)
+        self.generator = _Generator(self.provider, cache)
         fp = mlx_server.get_system_fingerprint()
         self.httpd = ThreadingHTTPServer((self.args.host, self.args.port),
                                          lambda *a, **kw: _Handler(self, *a, system_fingerprint=fp, **kw))
@@ -299,12 +382,14 @@ def _limits(model, model_id:str, max_prompt_tokens:int|None, max_tokens:int|None
 
 @patch
 def check(self:EvictingServer, raw:bytes, path:str):
-    "Raise `RequestError` for a request body this server refuses (malformed JSON is left to mlx-lm's 400)."
+    "The request's own configuration (None: the server's); `RequestError` for a body this server refuses."
     try: body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError): return
-    if not isinstance(body, dict): return
+    except (ValueError, UnicodeDecodeError): return None      # malformed: mlx-lm answers 400 itself
+    if not isinstance(body, dict): return None
     check_body(body, path, self.limits)
-    check_prompt(self.prompt_tokens(body, path), self.limits, self.provider.config, self.provider.windows)
+    cfg = request_config(body.get("kv_cache"), self.choices)
+    check_prompt(self.prompt_tokens(body, path), self.limits, cfg or self.provider.config, self.provider.windows)
+    return cfg
 
 # %% ../nbs/07a_serve.ipynb #a7a00037
 @patch
@@ -315,7 +400,7 @@ def prompt_tokens(self:EvictingServer, body:dict, path:str)->int:
         req = mlx_server.CompletionRequest("chat", "", messages, body.get("tools") or None, body.get("role_mapping"))
     else: req = mlx_server.CompletionRequest("text", body["prompt"], [], None, None)
     args = SimpleNamespace(chat_template_kwargs=body.get("chat_template_kwargs"))
-    try: return len(self.generator._tokenize(self.provider.tokenizer, req, args)[0])
+    try: return len(mlx_server.ResponseGenerator._tokenize(self.generator, self.provider.tokenizer, req, args)[0])
     except Exception as e: raise RequestError(400, f"the messages cannot be laid out as a prompt: {e}") from None
 
 @patch(as_prop=True)
@@ -456,6 +541,9 @@ def add_serve_parser(sub):
                    "the model's context); a longer one gets 400 before any work")
     s.add_argument("--max-tokens-limit", type=int, default=None, help="most tokens one request may ask for "
                    "(default: the model's context); more gets 400")
+    s.add_argument("--allow-request", action="append", default=[], metavar="FIELD=V1,V2", help="let a request "
+                   "choose FIELD (method, budget or kv_fraction) among these values in its body's \"kv_cache\" "
+                   "object (repeatable)")
     s.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: more mlx_lm.server options")
     return s
 
@@ -472,11 +560,12 @@ def serve_from_args(args, err=None)->int:
     cfg = configs_from_args(args, [args.method])[0]
     if cfg.entry.baseline and cfg.method != "full":
         raise CLIError(f"--method {args.method}: serve an eviction method, or 'full' (mlx-lm's own caches)")
+    choices = request_choices(args, parse_allowed(args.allow_request)) if args.allow_request else None
     model, tok = load_cli_model(args.model)
     if args.model and args.model.startswith("tiny:"): tok = tiny_tokenizer()
     rest = [a for a in args.server_args if a != "--"]
     srv = EvictingServer(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest],
-                         args.model or DEFAULT_MODEL_NAME, args.max_prompt_tokens, args.max_tokens_limit)
+                         args.model or DEFAULT_MODEL_NAME, args.max_prompt_tokens, args.max_tokens_limit, choices)
     budget = "" if cfg.budget is None else f", budget {cfg.budget}"
     print(f"veloxquant serve: {cfg.label}{budget} on {srv.url}", file=err, flush=True)
     signal.signal(signal.SIGTERM, _interrupt)
