@@ -91,8 +91,9 @@ class EvictingPromptCache(LRUPromptCache):
 class _Generator(mlx_server.ResponseGenerator):
     "mlx-lm's generation thread; a request's own configuration goes to the prompt cache that makes its caches."
     def _tokenize(self, tokenizer, request, args):
+        out = super()._tokenize(tokenizer, request, args)                # a failure here leaves no config behind
         self.prompt_cache.config = getattr(request, "kv_config", None)   # fetched right after, on this thread
-        return super()._tokenize(tokenizer, request, args)
+        return out
 
 # %% ../nbs/07a_serve.ipynb #a7a0000d
 @contextlib.contextmanager
