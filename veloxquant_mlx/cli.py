@@ -10,10 +10,11 @@ import argparse, json, os, re, sys, time
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'METHODS', 'DEFAULT_BUDGET', 'CLIError', 'ByteTokenizer', 'load_cli_model', 'context_length',
-           'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'RunOptions', 'method_config',
-           'encode_prompt', 'run_method', 'format_report', 'format_compare', 'method_params', 'build_parser',
-           'read_prompt', 'options_from_args', 'main']
+__all__ = ['TINY_ARCHS', 'METHODS', 'DEFAULT_BUDGET', 'CONFIG_FIELDS', 'CLIError', 'ByteTokenizer', 'load_cli_model',
+           'context_length', 'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'RunOptions',
+           'method_config', 'encode_prompt', 'run_method', 'format_report', 'format_compare', 'method_params',
+           'add_method_option', 'add_config_options', 'build_parser', 'read_prompt', 'configs_from_args',
+           'options_from_args', 'main']
 
 # %% ../nbs/07_cli.ipynb #f49069b6
 class CLIError(Exception):
@@ -285,7 +286,16 @@ def _param_help(p)->str:
     users = [m.name for m in _REGISTRY.values() if p in m.params]
     return f"{p.help} (default {p.default}; {', '.join(users)})"
 
-def _common(p):
+CONFIG_FIELDS = ("compress", "slack", "kv_fraction", "window_budget", "window_method", "kv_bits", "kv_group_size",
+                 "kv_scheme")  # `KVCacheConfig` fields with an option of their own (method, budget, n_sink, recent too)
+
+def add_method_option(p):
+    "`--method`: a registered method, or `auto` (the default: the library's recommended configuration)."
+    p.add_argument("--method", default="auto", choices=("auto",) + tuple(_REGISTRY),
+                   help="KV-cache method (auto: the best measured configuration, see the README)")
+
+def add_config_options(p):
+    "The cache options generate, compare and serve share: every `KVCacheConfig` field and every method parameter."
     p.add_argument("--budget", type=int, default=None,
                    help=f"average tokens kept per attention layer (default {DEFAULT_BUDGET} for a named method)")
     p.add_argument("--n-sink", type=int, default=4, help="never-evicted prefix tokens")
@@ -310,6 +320,9 @@ def _common(p):
     for q in method_params():
         p.add_argument("--" + q.name.replace("_", "-"), dest=q.name, type=q.type, choices=q.choices, default=None,
                        help=_param_help(q))
+
+def _common(p):
+    add_config_options(p)
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (greedy)")
     p.add_argument("--model", default=None, help="mlx-lm model dir or hub id (default: the embedded Gemma 3 270M); "
                    "'tiny:llama', 'tiny:qwen3', 'tiny:gemma3': random test/demo models with a byte tokenizer")
@@ -326,8 +339,7 @@ def build_parser()->argparse.ArgumentParser:
                  "TOVA, ChunkKV, StreamingLLM) for mlx-lm generation.")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate with one method and print the cache report")
-    g.add_argument("--method", default="auto", choices=("auto",) + tuple(_REGISTRY),
-                   help="KV-cache method (auto: the best measured configuration, see the README)")
+    add_method_option(g)
     _common(g)
     c = sub.add_parser("compare", help="run one prompt through several methods side by side")
     c.add_argument("--methods", default=",".join(_REGISTRY), help="comma-separated methods")
@@ -355,8 +367,8 @@ def read_prompt(args, stdin=None)->str:
     return args.prompt
 
 # %% ../nbs/07_cli.ipynb #b558bf3e
-def options_from_args(args, methods:list)->list:
-    "One `RunOptions` per method; a method option given on the command line must belong to one of the methods."
+def configs_from_args(args, methods:list)->list:
+    "One `KVCacheConfig` per method; a method option given on the command line must belong to one of the methods."
     given = {q.name: getattr(args, q.name) for q in method_params() if getattr(args, q.name, None) is not None}
     for name in given:
         takers = [m for m in methods if m in _REGISTRY and name in {q.name for q in _REGISTRY[m].params}]
@@ -367,11 +379,12 @@ def options_from_args(args, methods:list)->list:
     def own(m):
         if m == "auto": return given                       # the recommended method checks them
         return {k: v for k, v in given.items() if m in _REGISTRY and k in {q.name for q in _REGISTRY[m].params}}
-    fields = ("compress", "slack", "kv_fraction", "window_budget", "window_method", "kv_bits", "kv_group_size",
-              "kv_scheme")
-    shared = {k: getattr(args, k) for k in fields}
-    cfg = lambda m: method_config(m, args.budget, args.n_sink, args.recent, own(m), **shared)
-    return [RunOptions(cfg(m), args.max_tokens, args.prefill_step) for m in methods]
+    shared = {k: getattr(args, k) for k in CONFIG_FIELDS}
+    return [method_config(m, args.budget, args.n_sink, args.recent, own(m), **shared) for m in methods]
+
+def options_from_args(args, methods:list)->list:
+    "One `RunOptions` per method (`configs_from_args`), with the run's token count and prefill chunk."
+    return [RunOptions(c, args.max_tokens, args.prefill_step) for c in configs_from_args(args, methods)]
 
 def _run(args, out, stdin):
     if args.command == "serve":

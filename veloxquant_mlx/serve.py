@@ -4,15 +4,23 @@
 
 # %% ../nbs/07a_serve.ipynb #a7a00004
 from __future__ import annotations
-import argparse, contextlib, gc, json, logging, sys, threading
+import argparse, contextlib, gc, io, json, logging, select, signal, socket, sys, threading
+from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
+from types import SimpleNamespace
+from fastcore.basics import patch
 import mlx_lm.server as mlx_server
 from mlx_lm.models.cache import LRUPromptCache
-from .builder import KVCacheBuilder
+from .builder import KVCacheBuilder, _base_caches, _attention_slots
+from .cache import EvictingCache
+from .coordinator import fraction_budgets
 
 # %% auto #0
-__all__ = ['bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider', 'EvictingPromptCache', 'server_args', 'EvictingServer',
-           'add_serve_parser', 'serve_from_args']
+__all__ = ['ROLES', 'REQUEST_FIELDS', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider',
+           'EvictingPromptCache', 'server_args', 'RequestError', 'check_messages', 'Limits', 'check_body',
+           'check_prompt', 'parse_allowed', 'request_choices', 'request_config', 'ClientGone', 'client_gone',
+           'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs', 'table_markdown',
+           'time_to_first_token', 'first_token_delays', 'add_serve_parser', 'serve_from_args']
 
 # %% ../nbs/07a_serve.ipynb #a7a00006
 def bytes_to_unicode()->dict:
@@ -47,26 +55,45 @@ class EvictingModelProvider(mlx_server.ModelProvider):
         super().__init__(cli_args)
         if config.entry.baseline and config.method != "full":
             raise ValueError(f"`method` {config.method!r}: serve an eviction method, or 'full' (mlx-lm's own caches)")
-        if config.method != "full": KVCacheBuilder.install(model, config)
+        if config.method != "full" or config.kv_bits is not None: KVCacheBuilder.install(model, config)
         self.config, self._served = config, (model, tokenizer)
         self.load()
 
     def load(self, model_path=None, adapter_path=None, draft_model_path=None):
-        "The served (model, tokenizer), whatever model a request names."
+        "The served (model, tokenizer), whatever model a request names (the handler has checked the name)."
         if self.model is None:
             self.model, self.tokenizer = self._served
             self.model_key, self.draft_model, self.processor = ("veloxquant", self.config.label, None), None, None
-            self.is_batchable = all(hasattr(c, "merge") for c in self.model.make_cache())
+            caches = self.model.make_cache()
+            self.is_batchable = all(hasattr(c, "merge") for c in caches)
+            self.reusable = not any(isinstance(c, EvictingCache) for c in caches)
+            self.windows = [w for _, w in _attention_slots(_base_caches(self.model))]  # per attention layer
         return self.model, self.tokenizer
 
 class EvictingPromptCache(LRUPromptCache):
-    "mlx-lm's prompt cache; a cached sequence that would need trimming after an eviction is not reused."
+    "mlx-lm's prompt cache, for mlx-lm's own caches only (a cache of ours is neither kept nor reused)."
+    def __init__(self, max_size:int=10, # sequences kept (mlx-lm's `--prompt-cache-size`)
+                 reuse:bool=True, # False: keep nothing, every request reads its prompt from scratch
+                 model=None): # the served model, for a request that chose its own configuration
+        super().__init__(max_size)
+        self.reuse, self.model, self.config = reuse, model, None    # config: the next request's own, if any
+
     def fetch_nearest_cache(self, model, tokens:list):
-        "The nearest reusable cache and the tokens left to read (`(None, tokens)` when none can be reused)."
-        try: return super().fetch_nearest_cache(model, tokens)
-        except ValueError as e:
-            if "cannot be trimmed" not in str(e): raise
-            return None, tokens
+        "Fresh caches of the request's own configuration, else the nearest reusable cache; and the tokens to read."
+        cfg, self.config = self.config, None
+        if cfg is not None: return KVCacheBuilder.for_model(self.model, cfg), tokens
+        return super().fetch_nearest_cache(model, tokens) if self.reuse else (None, tokens)
+
+    def insert_cache(self, model, tokens:list, prompt_cache:list, *, cache_type:str="assistant"):
+        "Keep `prompt_cache` for later prompts starting with `tokens` (only when reusing)."
+        if self.reuse: super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
+
+class _Generator(mlx_server.ResponseGenerator):
+    "mlx-lm's generation thread; a request's own configuration goes to the prompt cache that makes its caches."
+    def _tokenize(self, tokenizer, request, args):
+        out = super()._tokenize(tokenizer, request, args)                # a failure here leaves no config behind
+        self.prompt_cache.config = getattr(request, "kv_config", None)   # fetched right after, on this thread
+        return out
 
 # %% ../nbs/07a_serve.ipynb #a7a0000d
 @contextlib.contextmanager
@@ -87,85 +114,461 @@ def server_args(argv:list|tuple=())->argparse.Namespace: # mlx_lm.server options
     logging.getLogger().setLevel(got["args"].log_level.upper())     # main's basicConfig applies only once a process
     return got["args"]
 
+# %% ../nbs/07a_serve.ipynb #a7a00021
+class RequestError(Exception):
+    "A request the server refuses: an HTTP status and a message in the caller's terms."
+    def __init__(self, status:int, # 400 (bad request) or 404 (no such model)
+                 message:str): # what was wrong, naming the field and the value
+        super().__init__(message)
+        self.status = status
+
+def _short(v, n:int=60)->str:
+    "`repr(v)`, cut to `n` characters."
+    r = repr(v)
+    return r if len(r) <= n else r[:n - 1] + "…"
+
+# %% ../nbs/07a_serve.ipynb #a7a00022
+ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles a chat message may have
+
+def check_messages(messages):
+    "Raise `RequestError` (400) unless `messages` is a non-empty list of `{role, content}` objects."
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "`messages` must be a non-empty list of {role, content} objects, got "
+                                + _short(messages))
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(400, f"`messages[{i}]` must be an object with a role and a content, got {_short(m)}")
+        if m.get("role") not in ROLES:
+            raise RequestError(400, f"`messages[{i}].role` must be one of {ROLES}, got {_short(m.get('role'))}")
+        c = m.get("content")
+        if c is None and m["role"] == "assistant" and m.get("tool_calls"): continue
+        parts = isinstance(c, list) and c and all(isinstance(p, dict) and "type" in p for p in c)
+        if isinstance(c, str) or parts: continue
+        raise RequestError(400, f"`messages[{i}].content` must be a string or a list of content parts, got {_short(c)}")
+
+# %% ../nbs/07a_serve.ipynb #a7a00025
+@dataclass
+class Limits:
+    "What the operator allows one request."
+    model_id:str # the served model's name (GET /v1/models)
+    max_prompt_tokens:int|None = None # longest prompt in tokens (None: no limit)
+    max_tokens:int|None = None # most tokens one request may ask for (None: no limit)
+
+def check_body(body:dict, path:str, limits:Limits):
+    "Refuse an unknown model (404), bad messages or prompt, or `max_tokens` over the cap (400)."
+    model = body.get("model")
+    if model is not None and model not in (limits.model_id, "default_model"):
+        raise RequestError(404, f"model {_short(model)} is not served here; this server serves {limits.model_id!r} "
+                                "(GET /v1/models)")
+    if path.endswith("chat/completions"): check_messages(body.get("messages"))
+    elif not isinstance(body.get("prompt"), str) or not body["prompt"]:
+        raise RequestError(400, f"`prompt` must be a non-empty string, got {_short(body.get('prompt'))}")
+    n = body.get("max_completion_tokens", body.get("max_tokens"))
+    if isinstance(n, int) and limits.max_tokens is not None and n > limits.max_tokens:
+        raise RequestError(400, f"`max_tokens` is {n}; this server allows at most {limits.max_tokens} per request")
+
+# %% ../nbs/07a_serve.ipynb #a7a00026
+def check_prompt(n_tokens:int, # the prompt's length in the model's tokens
+                 limits:Limits, # the operator's limits
+                 config, # the served `KVCacheConfig`
+                 windows:list): # per attention layer, its sliding window (None: global)
+    "Refuse (400) a prompt longer than the limit, or too short for the configuration's share of the cache."
+    if limits.max_prompt_tokens is not None and n_tokens > limits.max_prompt_tokens:
+        raise RequestError(400, f"the prompt is {n_tokens} tokens, longer than this server's limit of "
+                                f"{limits.max_prompt_tokens} tokens")
+    if config.kv_fraction is None or not config.entry.budgeted: return
+    try: fraction_budgets(n_tokens, config.kv_fraction, windows, config.n_sink, config.window_budget)
+    except ValueError as e:
+        raise RequestError(400, f"the prompt is {n_tokens} tokens, too short for this server's cache configuration "
+                                f"{config.label}: {e}") from None
+
+# %% ../nbs/07a_serve.ipynb #a7a00071
+REQUEST_FIELDS = {"method": str, "budget": int, "kv_fraction": float}  # what a request may choose, and its type
+
+def parse_allowed(specs:list)->dict: # `--allow-request` values, e.g. ["method=auto,snapkv", "kv_fraction=0.25,0.5"]
+    "{field: allowed values}, parsed by the field's type."
+    out = {}
+    for spec in specs:
+        field, _, values = spec.partition("=")
+        if field not in REQUEST_FIELDS or not values:
+            raise ValueError(f"--allow-request {spec!r}: give FIELD=V1,V2 with FIELD one of {tuple(REQUEST_FIELDS)}")
+        try: out[field] = tuple(REQUEST_FIELDS[field](v) for v in values.split(","))
+        except ValueError: raise ValueError(f"--allow-request {spec!r}: {field} values must be "
+                                            f"{REQUEST_FIELDS[field].__name__}s") from None
+    return out
+
+# %% ../nbs/07a_serve.ipynb #a7a00072
+def request_choices(args, # the serve command's options (the server's own configuration)
+                    allowed:dict)->dict: # `parse_allowed`'s {field: values}
+    "{sorted (field, value) pairs: the `KVCacheConfig`, or the CLI's message refusing it} for every allowed choice."
+    import itertools
+    from veloxquant_mlx.cli import CLIError, configs_from_args, METHODS as registry
+    from veloxquant_mlx.methods import METHODS
+    ok = ("auto",) + tuple(m for m in registry if not METHODS[m].baseline)
+    bad = [m for m in allowed.get("method", ()) if m not in ok]
+    if bad: raise ValueError(f"--allow-request method: {bad} cannot be chosen per request (a batch cannot mix "
+                             f"mlx-lm's caches with ours); choose among {', '.join(ok)}")
+    out, fields = {}, sorted(allowed)
+    for n in range(1, len(fields) + 1):
+        for subset in itertools.combinations(fields, n):
+            for values in itertools.product(*(allowed[f] for f in subset)):
+                asked = dict(zip(subset, values))
+                ns = argparse.Namespace(**{**vars(args), **asked})
+                if "kv_fraction" in asked and "budget" not in asked: ns.budget = None
+                if "budget" in asked and "kv_fraction" not in asked: ns.kv_fraction = None
+                try: out[tuple(sorted(asked.items()))] = configs_from_args(ns, [ns.method])[0]
+                except (CLIError, ValueError) as e: out[tuple(sorted(asked.items()))] = str(e)
+    return out
+
+# %% ../nbs/07a_serve.ipynb #a7a00073
+def request_config(asked, # the body's `kv_cache` value (None: not given)
+                   choices:dict): # `request_choices`
+    "The configuration a request chose (None: the server's), or `RequestError` (400) naming what it may choose."
+    if asked is None: return None
+    fields = sorted({k for key in choices for k, _ in key})
+    if not choices: raise RequestError(400, "`kv_cache`: this server does not let a request choose its configuration")
+    if not isinstance(asked, dict) or not asked or any(k not in fields for k in asked):
+        raise RequestError(400, f"`kv_cache` must be an object with some of {fields}, got {_short(asked)}")
+    got = choices.get(tuple(sorted(asked.items())))
+    if got is None:
+        opts = {f: sorted({v for key in choices for k, v in key if k == f}) for f in fields}
+        raise RequestError(400, f"`kv_cache` {_short(asked)} is not a choice on this server; it allows {opts}")
+    if isinstance(got, str): raise RequestError(400, f"`kv_cache` {_short(asked)}: {got}")
+    return got
+
 # %% ../nbs/07a_serve.ipynb #a7a00010
+class ClientGone(Exception):
+    "The client closed its connection before its answer was complete."
+
+def client_gone(sock)->bool:
+    "True when the peer has closed `sock` (readable with nothing to read), or the socket is broken."
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError): return True
+
+class _Watched:
+    "The response generator as one handler sees it: its request stops once the handler's client has gone."
+    def __init__(self, generator, sock): self._g, self._sock = generator, sock
+    def __getattr__(self, name): return getattr(self._g, name)
+
+    def generate(self, request, args, progress_callback=None):
+        "mlx-lm's `generate`; the client is checked at every prefill report and every token."
+        def progress(*a):
+            if client_gone(self._sock): raise ClientGone()
+            if progress_callback is not None: progress_callback(*a)
+        ctx, responses = self._g.generate(request, args, progress_callback=progress)
+        def watched():
+            for r in responses:
+                if client_gone(self._sock):
+                    ctx.stop()                       # the generation thread drops it at its next step
+                    raise ClientGone()
+                yield r
+        return ctx, watched()
+
+# %% ../nbs/07a_serve.ipynb #a7a00031
+_POSTS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
+
 class _Handler(mlx_server.APIHandler):
-    "mlx-lm's request handler, logging each request only at log level INFO or below."
+    "mlx-lm's request handler, behind the server's checks, answering /v1/models, stopping work when a client goes."
+    def __init__(self, owner, *args, **kwargs):
+        self.owner = owner                           # the EvictingServer (set first: the base __init__ serves)
+        super().__init__(owner.generator, *args, **kwargs)
+
     def log_message(self, *args):
         if logging.getLogger().isEnabledFor(logging.INFO): super().log_message(*args)
 
+    def handle(self):
+        "Serve the connection; a client that went away is one log line."
+        try: super().handle()
+        except (ClientGone, BrokenPipeError, ConnectionResetError):
+            host, port = self.client_address[:2]
+            logging.warning(f"client {host}:{port} went away before its answer was complete; its request stopped")
+
+# %% ../nbs/07a_serve.ipynb #a7a00032
+@patch
+def _refuse(self:_Handler, e:RequestError):
+    "Answer `e` as OpenAI's error object, and log it in one line."
+    logging.warning(f"{self.command} {self.path}: {e.status} {e}")
+    kind = "not_found_error" if e.status == 404 else "invalid_request_error"
+    body = json.dumps({"error": {"message": str(e), "type": kind, "code": e.status}}).encode()
+    self._set_completion_headers(e.status)
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+# %% ../nbs/07a_serve.ipynb #a7a00033
+@patch
+def do_POST(self:_Handler):
+    "Check the request before mlx-lm's handler reads it; watch its client while it is served."
+    n = self.headers.get("Content-Length", "")
+    if self.path in _POSTS and n.isdigit():
+        raw = self.rfile.read(int(n))
+        try: self.kv_config = self.owner.check(raw, self.path)
+        except RequestError as e: return self._refuse(e)
+        self.rfile = io.BytesIO(raw)                 # mlx-lm reads the body again
+    self.response_generator = _Watched(self.owner.generator, self.connection)
+    super(_Handler, self).do_POST()
+
+@patch
+def handle_models_request(self:_Handler):
+    "GET /v1/models: the served model; GET /v1/models/ID: it, or 404."
+    m = {"id": self.owner.limits.model_id, "object": "model", "created": self.created, "owned_by": "veloxquant"}
+    asked = self.path[len("/v1/models"):].strip("/")
+    if asked and asked != m["id"]:
+        return self._refuse(RequestError(404, f"model {asked!r} is not served here; this server serves {m['id']!r}"))
+    body = json.dumps(m if asked else {"object": "list", "data": [m]}).encode()
+    self._set_completion_headers(200)
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+@patch
+def handle_text_completions(self:_Handler):
+    "mlx-lm's text request, carrying the configuration the request chose."
+    req = super(_Handler, self).handle_text_completions()
+    req.kv_config = getattr(self, "kv_config", None)
+    return req
+
+@patch
+def handle_chat_completions(self:_Handler):
+    "mlx-lm's chat request, carrying the configuration the request chose."
+    req = super(_Handler, self).handle_chat_completions()
+    req.kv_config = getattr(self, "kv_config", None)
+    return req
+
+# %% ../nbs/07a_serve.ipynb #a7a00039
+PREFILL_STEP = 512  # tokens per prefill chunk: generate's `--prefill-step` default (mlx-lm's server reads 2,048)
+
+# %% ../nbs/07a_serve.ipynb #a7a00035
 class EvictingServer:
     "mlx-lm's OpenAI-compatible HTTP server (continuous batching) over a model whose requests get eviction caches."
     def __init__(self, model, tokenizer, # the mlx-lm model and its `TokenizerWrapper`
                  config, # the `KVCacheConfig` every request gets
-                 argv:list|tuple=()): # mlx_lm.server options (host, port, concurrency, ...)
+                 argv:list|tuple=(), # mlx_lm.server options (host, port, concurrency, ...)
+                 model_id:str="veloxquant", # the name /v1/models lists and requests may give
+                 max_prompt_tokens:int|None=None, # longest prompt accepted (None: the model's context)
+                 max_tokens:int|None=None, # most tokens one request may ask for (None: the model's context)
+                 choices:dict|None=None): # the configurations a request may choose (`request_choices`)
         self.args = server_args(argv)
+        if not any(a.startswith("--prefill-step-size") for a in argv): self.args.prefill_step_size = PREFILL_STEP
+        self.limits = _limits(model, model_id, max_prompt_tokens, max_tokens)
+        if self.limits.max_tokens is not None: self.args.max_tokens = min(self.args.max_tokens, self.limits.max_tokens)
         self.provider = EvictingModelProvider(self.args, model, tokenizer, config)
-        self.generator = mlx_server.ResponseGenerator(self.provider, EvictingPromptCache(self.args.prompt_cache_size))
+        if not getattr(tokenizer, "has_chat_template", False):
+            logging.warning(f"{model_id} has no chat template: /v1/chat/completions lays messages out as 'USER: ... "
+                            "ASSISTANT:', which a base model was not trained on; prefer /v1/completions")
+        self.choices = choices or {}
+        if self.choices and self.provider.reusable:
+            raise ValueError("a request cannot choose a configuration beside mlx-lm's own caches: serve an eviction "
+                             "method (or auto) to allow choices")
+        cache = EvictingPromptCache(self.args.prompt_cache_size, self.provider.reusable, model)
+        self.generator = _Generator(self.provider, cache)
         fp = mlx_server.get_system_fingerprint()
-        handler = lambda *a, **kw: _Handler(self.generator, *a, system_fingerprint=fp, **kw)
-        self.httpd = ThreadingHTTPServer((self.args.host, self.args.port), handler)
+        self.httpd = ThreadingHTTPServer((self.args.host, self.args.port),
+                                         lambda *a, **kw: _Handler(self, *a, system_fingerprint=fp, **kw))
         self._thread = None
 
-    @property
-    def url(self)->str:
-        "Where it listens, e.g. 'http://127.0.0.1:8080'."
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+# %% ../nbs/07a_serve.ipynb #a7a00036
+def _limits(model, model_id:str, max_prompt_tokens:int|None, max_tokens:int|None)->Limits:
+    "The operator's limits, the model's context where none is given (a prompt limit above the context is an error)."
+    from veloxquant_mlx.cli import context_length
+    ctx = context_length(model)
+    for name, v in (("max_prompt_tokens", max_prompt_tokens), ("max_tokens", max_tokens)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"`{name}` must be a positive integer, got {v!r}")
+    if max_prompt_tokens is not None and ctx is not None and max_prompt_tokens > ctx:
+        raise ValueError(f"`max_prompt_tokens`={max_prompt_tokens} is longer than the model's context of {ctx} tokens")
+    return Limits(model_id, max_prompt_tokens or ctx, max_tokens or ctx)
 
-    def start(self):
-        "Serve in a background thread; returns self."
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
-        return self
+@patch
+def check(self:EvictingServer, raw:bytes, path:str):
+    "The request's own configuration (None: the server's); `RequestError` for a body this server refuses."
+    try: body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError): return None      # malformed: mlx-lm answers 400 itself
+    if not isinstance(body, dict): return None
+    check_body(body, path, self.limits)
+    cfg = request_config(body.get("kv_cache"), self.choices)
+    check_prompt(self.prompt_tokens(body, path), self.limits, cfg or self.provider.config, self.provider.windows)
+    return cfg
 
-    def serve_forever(self):
-        "Serve in this thread until interrupted (Ctrl-C), then stop."
-        try: self.httpd.serve_forever()
-        except KeyboardInterrupt: pass
-        finally: self.stop()
+# %% ../nbs/07a_serve.ipynb #a7a00037
+@patch
+def prompt_tokens(self:EvictingServer, body:dict, path:str)->int:
+    "The prompt's length in tokens, laid out as mlx-lm will lay it out (chat template or not)."
+    if path.endswith("chat/completions"):
+        messages = json.loads(json.dumps(body["messages"]))      # mlx-lm's layout may edit them in place
+        req = mlx_server.CompletionRequest("chat", "", messages, body.get("tools") or None, body.get("role_mapping"))
+    else: req = mlx_server.CompletionRequest("text", body["prompt"], [], None, None)
+    args = SimpleNamespace(chat_template_kwargs=body.get("chat_template_kwargs"))
+    try: return len(mlx_server.ResponseGenerator._tokenize(self.generator, self.provider.tokenizer, req, args)[0])
+    except Exception as e: raise RequestError(400, f"the messages cannot be laid out as a prompt: {e}") from None
 
-    def stop(self):
-        "Stop serving and end the generation thread."
-        if self._thread is not None: self.httpd.shutdown()
-        self.httpd.server_close()
-        self.generator.stop_and_join()
-        # arrays made on the generation thread's stream and held in reference cycles must be freed while MLX runs:
-        # freed at interpreter exit they abort the process ("terminate called without an active exception")
-        gc.collect()
+@patch(as_prop=True)
+def url(self:EvictingServer)->str:
+    "Where it listens, e.g. 'http://127.0.0.1:8080'."
+    host, port = self.httpd.server_address[:2]
+    return f"http://{host}:{port}"
+
+# %% ../nbs/07a_serve.ipynb #a7a00038
+@patch
+def start(self:EvictingServer):
+    "Serve in a background thread; returns self."
+    self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+    self._thread.start()
+    return self
+
+@patch
+def serve_forever(self:EvictingServer):
+    "Serve in this thread until interrupted (Ctrl-C, or SIGTERM under `veloxquant serve`), then stop."
+    try: self.httpd.serve_forever()
+    except KeyboardInterrupt: pass
+    finally: self.stop()
+
+@patch
+def stop(self:EvictingServer):
+    "Stop serving and end the generation thread."
+    if self._thread is not None: self.httpd.shutdown()
+    self.httpd.server_close()
+    self.generator.stop_and_join()
+    # arrays made on the generation thread's stream and held in reference cycles must be freed while MLX runs:
+    # freed at interpreter exit they abort the process ("terminate called without an active exception")
+    gc.collect()
+
+# %% ../nbs/07a_serve.ipynb #a7a00041
+def http_json(url:str, # the server, e.g. 'http://127.0.0.1:8080'
+              path:str, # e.g. '/v1/completions'
+              body=None, # None: GET; a dict: POST it as JSON; bytes: POST them as they are
+              timeout:float=600)->tuple: # seconds
+    "(HTTP status, the parsed JSON answer or its text) of one request."
+    import urllib.request, urllib.error
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r: status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e: status, raw = e.code, e.read()
+    try: return status, json.loads(raw)
+    except ValueError: return status, raw.decode(errors="replace")
+
+# %% ../nbs/07a_serve.ipynb #a7a00042
+def error_message(answer)->str:
+    "The message of an error answer (OpenAI's `{error: {message}}`, mlx-lm's `{error: text}`, or the text)."
+    e = answer.get("error", answer) if isinstance(answer, dict) else answer
+    return e.get("message", str(e)) if isinstance(e, dict) else str(e)
+
+def refusal_table(url:str, # the server
+                  cases:list, # (what was sent, path, body) triples
+                  good:dict)->list: # a /v1/completions body that must be served after each
+    "One row per case: what was sent, the status, the message, and whether the good request after it got 200."
+    rows = []
+    for what, path, body in cases:
+        status, answer = http_json(url, path, body)
+        ok, _ = http_json(url, "/v1/completions", good)
+        rows.append(dict(sent=what, status=status, message=error_message(answer) if status >= 400 else "",
+                         next_served=ok == 200))
+    return rows
+
+# %% ../nbs/07a_serve.ipynb #a7a00043
+def bad_inputs(context:int, # the model's context in tokens
+               cap:int, # the server's `max_prompt_tokens`
+               short:str="hi")->list: # a prompt too short for a `kv_fraction` configuration
+    "Issue 21's bad inputs for a byte-level tiny model (one token per byte): (what was sent, path, body)."
+    chat, text = "/v1/chat/completions", "/v1/completions"
+    return [(f"prompt of {context + 100} tokens (context {context})", text, {"prompt": "a" * (context + 100)}),
+            (f"prompt of {cap + 100} tokens (operator cap {cap})", text, {"prompt": "a" * (cap + 100)}),
+            ("`messages: []`", chat, {"messages": []}),
+            ("`content: null`", chat, {"messages": [{"role": "user", "content": None}]}),
+            ('`messages: "hi"`', chat, {"messages": "hi"}),
+            ("unknown model `gpt-4o`", text, {"model": "gpt-4o", "prompt": "hi there"}),
+            ("`max_tokens: 1000000000`", text, {"prompt": "hi there", "max_tokens": 10**9}),
+            ("`prompt: [1, 2, 3]`", text, {"prompt": [1, 2, 3]}),
+            ("malformed JSON", text, b'{"prompt": '),
+            (f"prompt {short!r}, too short for a share of the cache", text, {"prompt": short})]
+
+def table_markdown(rows:list)->str:
+    "`refusal_table` rows as a Markdown table."
+    out = ["| sent | status | message | next good request served |", "|---|---|---|---|"]
+    for r in rows:
+        served = "yes" if r["next_served"] else "NO"
+        out.append(f"| {r['sent']} | {r['status']} | {r['message'].replace('|', '/')} | {served} |")
+    return "\n".join(out)
+
+# %% ../nbs/07a_serve.ipynb #a7a00061
+def time_to_first_token(url:str, # the server
+                        prompt:str, # a completion prompt
+                        max_tokens:int=4)->tuple: # tokens to generate
+    "(seconds until the first streamed token, the open response) of a streamed greedy completion."
+    import http.client, time, urllib.parse
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True})
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    while not r.fp.readline().startswith(b"data: "): pass
+    return time.perf_counter() - t0, r
+
+# %% ../nbs/07a_serve.ipynb #a7a00062
+def first_token_delays(url:str, # the server
+                       short:str, # the short request's prompt
+                       long:str)->dict: # the long prompt being read meanwhile
+    "A short request's seconds to first token alone, then while `long` is being read."
+    import http.client, time, urllib.parse
+    alone, r = time_to_first_token(url, short)
+    r.read()
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": long, "max_tokens": 1, "stream": True}),
+                 {"Content-Type": "application/json"})
+    held = conn.getresponse()                        # headers: the long prompt is queued
+    time.sleep(1.0)
+    loaded, r = time_to_first_token(url, short)
+    r.read()
+    held.read()
+    return dict(alone_s=alone, behind_long_s=loaded, ratio=loaded / alone)
 
 # %% ../nbs/07a_serve.ipynb #a7a00014
 def add_serve_parser(sub):
-    "The `serve` subcommand of the `veloxquant` parser."
-    from veloxquant_mlx.cli import METHODS, method_params, _param_help
+    "The `serve` subcommand of the `veloxquant` parser (the cache options are generate's own)."
+    from veloxquant_mlx.cli import add_method_option, add_config_options
     s = sub.add_parser("serve", help="serve a model with a method over HTTP (mlx-lm's OpenAI-compatible server)")
-    s.add_argument("--method", default="squeeze", choices=METHODS, help="KV-cache method every request gets")
-    s.add_argument("--budget", type=int, default=256, help="average tokens kept per attention layer")
-    s.add_argument("--n-sink", type=int, default=4, help="never-evicted prefix tokens")
-    s.add_argument("--recent", type=int, default=0, help="newest tokens never evicted (H2O's local window)")
-    for q in method_params():
-        s.add_argument("--" + q.name.replace("_", "-"), dest=q.name, type=q.type, choices=q.choices, default=None,
-                       help=_param_help(q))
+    add_method_option(s)
+    add_config_options(s)
     s.add_argument("--model", default=None, help="mlx-lm model dir or hub id (default: the embedded Gemma 3 270M); "
                    "'tiny:llama', 'tiny:qwen3', 'tiny:gemma3': random test models with a byte tokenizer")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free port)")
+    s.add_argument("--max-prompt-tokens", type=int, default=None, help="longest prompt accepted, in tokens (default: "
+                   "the model's context); a longer one gets 400 before any work")
+    s.add_argument("--max-tokens-limit", type=int, default=None, help="most tokens one request may ask for "
+                   "(default: the model's context); more gets 400")
+    s.add_argument("--allow-request", action="append", default=[], metavar="FIELD=V1,V2", help="let a request "
+                   "choose FIELD (method, budget or kv_fraction) among these values in its body's \"kv_cache\" "
+                   "object (repeatable)")
     s.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: more mlx_lm.server options")
     return s
 
+# %% ../nbs/07a_serve.ipynb #a7a00050
+def _interrupt(signum, frame):
+    "SIGTERM ends the server as Ctrl-C does."
+    raise KeyboardInterrupt
+
 def serve_from_args(args, err=None)->int:
-    "Run `veloxquant serve` until interrupted; prints where it listens on `err` (default stderr)."
-    from veloxquant_mlx.cli import CLIError, load_cli_model, method_config, _REGISTRY
+    "Run `veloxquant serve` until interrupted (Ctrl-C or SIGTERM); prints where it listens on `err` (default stderr)."
+    from veloxquant_mlx.cli import CLIError, load_cli_model, configs_from_args
+    from veloxquant_mlx.models import DEFAULT_MODEL_NAME
     err = err or sys.stderr
-    own = {q.name: getattr(args, q.name) for q in _REGISTRY[args.method].params
-           if q.cli and getattr(args, q.name, None) is not None}
-    cfg = method_config(args.method, args.budget, args.n_sink, args.recent, own)
+    cfg = configs_from_args(args, [args.method])[0]
     if cfg.entry.baseline and cfg.method != "full":
         raise CLIError(f"--method {args.method}: serve an eviction method, or 'full' (mlx-lm's own caches)")
+    choices = request_choices(args, parse_allowed(args.allow_request)) if args.allow_request else None
     model, tok = load_cli_model(args.model)
     if args.model and args.model.startswith("tiny:"): tok = tiny_tokenizer()
     rest = [a for a in args.server_args if a != "--"]
-    srv = EvictingServer(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest])
-    budget = "" if cfg.method == "full" else f", budget {cfg.budget}"
+    srv = EvictingServer(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest],
+                         args.model or DEFAULT_MODEL_NAME, args.max_prompt_tokens, args.max_tokens_limit, choices)
+    budget = "" if cfg.budget is None else f", budget {cfg.budget}"
     print(f"veloxquant serve: {cfg.label}{budget} on {srv.url}", file=err, flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
     srv.serve_forever()
     return 0
