@@ -164,6 +164,8 @@ def serve_from_args(args, err=None)->int:
     model, tok = load_cli_model(args.model)
     if args.model and args.model.startswith("tiny:"): tok = tiny_tokenizer()
     rest = [a for a in args.server_args if a != "--"]
+    from veloxquant_mlx.distributed import rank, serve_worker   # under mlx.launch rank 0 serves (14)
+    if rank() != 0: return serve_worker(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest])
     srv = EvictingServer(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest])
     budget = "" if cfg.method == "full" else f", budget {cfg.budget}"
     print(f"veloxquant serve: {cfg.label}{budget} on {srv.url}", file=err, flush=True)
