@@ -13,10 +13,10 @@ from mlx.utils import tree_flatten
 from .coordinator import SqueezeCoordinator
 
 # %% auto #0
-__all__ = ['MODES', 'world', 'rank', 'save_model_dir', 'tiny_model_dir', 'mean_over_ranks', 'use_group', 'load_sharded',
-           'load_sharded_cli', 'check_config', 'kv_bytes_by_rank', 'with_rank_bytes', 'rank_report_lines',
-           'rank_output', 'serve_worker', 'forced_logits', 'check_configs', 'sharding_checks', 'verify_sharding',
-           'context_that_fits']
+__all__ = ['MODES', 'BENCH_SHAPES', 'world', 'rank', 'save_model_dir', 'tiny_model_dir', 'mean_over_ranks', 'use_group',
+           'load_sharded', 'load_sharded_cli', 'check_config', 'kv_bytes_by_rank', 'with_rank_bytes',
+           'rank_report_lines', 'rank_output', 'serve_worker', 'forced_logits', 'check_configs', 'sharding_checks',
+           'verify_sharding', 'context_that_fits', 'bench_configs', 'bench_ranks', 'bench_main', 'bench_table']
 
 # %% ../nbs/14_distributed.ipynb #d1400009
 _STATE = {"group": None, "mode": None}   # set by `use_group` (load_sharded): the group the model is split over
@@ -252,3 +252,81 @@ def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's 
     if free <= 0: return 0
     per_token = 2 * n_layers * n_kv_heads * head_dim * kv_bytes * kv_share
     return int(free // per_token)
+
+# %% ../nbs/14_distributed.ipynb #d1400048
+BENCH_SHAPES = {"quick": dict(n_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=8,
+                              num_key_value_heads=4, head_dim=32),
+                "full": dict(n_layers=8, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
+                             num_key_value_heads=8, head_dim=64)}
+
+def bench_configs(kv_group_size:int=32)->dict: # quantization group (divides head_dim)
+    "The benchmark's configurations: the full cache, SnapKV at 25 %, H2O at 25 % with 4-bit KIVI storage."
+    from veloxquant_mlx.cli import method_config
+    return {"full": method_config("full"), "snapkv@kv_fraction=0.25": method_config("snapkv", kv_fraction=0.25),
+            "h2o@kv_fraction=0.25,kv_bits=4": method_config("h2o", kv_fraction=0.25, kv_bits=4,
+                                                              kv_group_size=kv_group_size)}
+
+# %% ../nbs/14_distributed.ipynb #d1400050
+def bench_ranks(path, # an mlx-lm model directory (split over this launch's ranks, whole in one process)
+                prompt_len:int=512, # prompt tokens (random)
+                max_tokens:int=32, # generated tokens
+                prefill_step:int=256)->list: # prefill chunk
+    "Per `bench_configs` entry: prefill and decode tok/s and every rank's KV bytes (collective: all ranks call)."
+    from mlx_lm import load
+    from veloxquant_mlx.cli import RunOptions, run_method
+    model, tok = load_sharded(path) if world() is not None else load(str(path))
+    ids = mx.random.randint(0, model.args.vocab_size, (prompt_len,), key=mx.random.key(0)).tolist()
+    cfgs = bench_configs(min(64, model.args.head_dim))
+    run_method(model, tok, ids[:64], RunOptions(cfgs["full"], 4, prefill_step))               # warm-up
+    rows = []
+    for name, cfg in cfgs.items():
+        r = with_rank_bytes(run_method(model, tok, ids, RunOptions(cfg, max_tokens, prefill_step)))
+        by_rank = r.get("kv_bytes_by_rank", [r["kv_bytes"]])
+        rows.append(dict(config=name, ranks=len(by_rank), prefill_tps=r["prefill_tps"], decode_tps=r["decode_tps"],
+                         kv_bytes_by_rank=by_rank, kv_bytes=sum(by_rank),
+                         full_kv_bytes=r.get("full_kv_bytes_all_ranks", r["full_kv_bytes"]),
+                         peak_memory_rank0=r["peak_memory"], wall_s=r["wall_s"]))
+    return rows
+
+# %% ../nbs/14_distributed.ipynb #d1400052
+def bench_main(argv:list|None=None): # arguments (default: sys.argv[1:])
+    "`scripts/bench_distributed.py`: one process vs two ranks of 127.0.0.1 on a random Llama-shaped model; JSON out."
+    import argparse, platform, shutil, subprocess, tempfile, time
+    ap = argparse.ArgumentParser(description=bench_main.__doc__)
+    ap.add_argument("--quick", action="store_true", help="a small model, a short prompt")
+    ap.add_argument("--out", default=None, help="JSON path (default nbs/results/distributed[_quick].json)")
+    ap.add_argument("--port", type=int, default=29650, help="the ring backend's first port")
+    a = ap.parse_args(argv)
+    shape, n = ("quick", (512, 32)) if a.quick else ("full", (2048, 64))
+    out = Path(a.out or f"nbs/results/distributed{'_quick' if a.quick else ''}.json")
+    launch = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_model_dir(Path(tmp) / "model", "llama", seed=0, **BENCH_SHAPES[shape])
+        child = (f"import json, sys; from veloxquant_mlx.distributed import bench_ranks, rank; "
+                 f"r = bench_ranks(sys.argv[1], {n[0]}, {n[1]}); "
+                 f"rank() == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+        for ranks in (1, 2):
+            res = Path(tmp) / f"r{ranks}.json"
+            pre = [] if ranks == 1 else [launch, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1",
+                                          "--starting-port", str(a.port), "--"]
+            subprocess.run([*pre, sys.executable, "-c", child, str(path), str(res)], check=True, timeout=3600)
+            runs[ranks] = json.loads(res.read_text())
+    doc = dict(command=" ".join(["python scripts/bench_distributed.py", *(argv if argv is not None else sys.argv[1:])]),
+               machine=dict(cpus=os.cpu_count(), platform=platform.platform(), backend="ring over 127.0.0.1"),
+               model=dict(arch="llama (random weights)", **BENCH_SHAPES[shape]), prompt_tokens=n[0],
+               generated_tokens=n[1], rows=runs[1] + runs[2], when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    print(bench_table(doc))
+    return doc
+
+def bench_table(doc:dict)->str:
+    "The benchmark's rows as a Markdown table."
+    out = ["| config | ranks | KV bytes per rank | KV bytes, all ranks | prefill tok/s | decode tok/s |",
+           "|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        dec = "n/a" if r["decode_tps"] is None else f"{r['decode_tps']:.1f}"
+        out.append(f"| {r['config']} | {r['ranks']} | {', '.join(map(str, r['kv_bytes_by_rank']))} | {r['kv_bytes']} "
+                   f"| {r['prefill_tps']:.1f} | {dec} |")
+    return "\n".join(out)
