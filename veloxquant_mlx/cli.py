@@ -54,8 +54,9 @@ def load_cli_model(spec:str|None=None): # None: the default Gemma 3 270M; 'tiny:
             raise CLIError(f"--model {spec!r}: tiny models are {', '.join('tiny:' + a for a in TINY_ARCHS)}")
         from veloxquant_mlx.builder import tiny_model
         return tiny_model(arch), ByteTokenizer()
-    from veloxquant_mlx import models
+    from veloxquant_mlx import models, distributed
     try:
+        if distributed.world() is not None: return distributed.load_sharded_cli(spec)   # under mlx.launch (14)
         if not spec: return models.load_default_model(progress=sys.stderr.isatty())
         return models.load_model(spec)
     except FileNotFoundError as e: raise CLIError(f"--model {spec!r}: no such mlx-lm model directory ({e})") from None
@@ -254,7 +255,8 @@ def format_report(res:dict)->str:
             "paper's signal)",
             f"prefill {res['prefill_tps']:.1f} tok/s, decode {_tps(res['decode_tps'])}, "
             f"peak memory {_mib(res['peak_memory'])}, wall {res['wall_s']:.1f} s"]
-    return "\n".join(out)
+    from veloxquant_mlx.distributed import rank_report_lines   # every rank's KV bytes under mlx.launch (14)
+    return "\n".join(out + rank_report_lines(res))
 
 # %% ../nbs/07_cli.ipynb #eecd776f
 def format_compare(results:list, width:int=48)->str:
@@ -402,11 +404,12 @@ def _run(args, out, stdin):
     if not prompt.strip(): raise CLIError("the prompt is empty")
     model, tok = load_cli_model(args.model)
     ids = encode_prompt(tok, prompt, model, args.chat)
+    from veloxquant_mlx.distributed import with_rank_bytes   # (14)
     results = []
     stream = args.command == "generate" and not args.json
     write = lambda s: (out.write(s), out.flush())
     for o in opts:
-        res = run_method(model, tok, ids, o, on_text=write if stream else None)
+        res = with_rank_bytes(run_method(model, tok, ids, o, on_text=write if stream else None))
         results.append(res)
         if stream: out.write("\n\n" + format_report(res) + "\n")
     if args.json: out.write(json.dumps(results[0] if args.command == "generate" else results) + "\n")
@@ -417,7 +420,8 @@ def main(argv:list|None=None, # arguments (default: sys.argv[1:])
          out=None, # where text and reports go (default: sys.stdout)
          stdin=None)->int: # where a '-' prompt is read (default: sys.stdin)
     "The `veloxquant` console script; returns the exit status (2 on bad input, one line on stderr)."
-    out = out or sys.stdout
+    from veloxquant_mlx.distributed import rank_output   # under mlx.launch only rank 0 writes (14)
+    out = rank_output(out or sys.stdout)
     try:
         return _run(build_parser().parse_args(argv), out, stdin)
     except (CLIError, ValueError) as e:

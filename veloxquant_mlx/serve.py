@@ -565,6 +565,8 @@ def serve_from_args(args, err=None)->int:
     model, tok = load_cli_model(args.model)
     if args.model and args.model.startswith("tiny:"): tok = tiny_tokenizer()
     rest = [a for a in args.server_args if a != "--"]
+    from veloxquant_mlx.distributed import rank, serve_worker   # under mlx.launch rank 0 serves
+    if rank() != 0: return serve_worker(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest])
     srv = EvictingServer(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest],
                          args.model or DEFAULT_MODEL_NAME, args.max_prompt_tokens, args.max_tokens_limit, choices)
     budget = "" if cfg.budget is None else f", budget {cfg.budget}"

@@ -1,0 +1,158 @@
+"""Two real ranks on 127.0.0.1 (`mlx.launch --backend ring -n 2 --hosts 127.0.0.1`) against one process, on a tiny
+random Llama (4 query heads, 2 KV heads: one per rank) saved as an mlx-lm model directory and split by mlx-lm's
+`sharded_load` (tensor parallel), as `veloxquant` does under `mlx.launch` (notebook 14).
+
+- every configuration of `distributed.check_configs` (every registered method, `kv_fraction`, 4-bit storage,
+  SqueezeAttention's key-dispersion signal, chunked compression; prompt prefilled in chunks of 64): the teacher-forced
+  logits within 1e-3 of one process's, the same argmax and greedy tokens, the two ranks' KV bytes summing to one
+  process's; and without the reduction the key-dispersion run is measurably off (the reduction is needed);
+- `veloxquant generate` under the launch prints once (rank 0) the one-process tokens, with every rank's KV bytes;
+- `veloxquant serve` on two ranks answers an HTTP request with the one-process tokens.
+
+Run: `pytest -q -s tests/test_distributed.py` (about 2 minutes on 2 CPU cores). Skipped only where MLX has no
+distributed backend or no `mlx.launch`."""
+import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before mlx on Linux)
+import io, json, os, re, shutil, signal, socket, subprocess, sys, threading, time, urllib.request
+from pathlib import Path
+import numpy as np
+import pytest
+import mlx.core as mx
+from veloxquant_mlx.distributed import tiny_model_dir, verify_sharding
+
+LAUNCH = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
+
+def _unavailable():
+    if not mx.distributed.is_available(): return "this MLX build has no distributed backend (mx.distributed)"
+    if not Path(LAUNCH).exists(): return "no mlx.launch beside this Python"
+    return None
+
+pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))
+
+def free_ports(n:int=4)->int:
+    "A port p with p .. p+n-1 free on 127.0.0.1 (the ring backend listens on one port per rank)."
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p + n > 65535: continue
+        try:
+            socks = []
+            for q in range(p, p + n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", q))
+            return p
+        except OSError: continue
+        finally:
+            for t in socks: t.close()
+    raise RuntimeError("no block of free ports")
+
+def launch_cmd(*args)->list:
+    "`mlx.launch` of `python ARGS` on two ranks of 127.0.0.1 (ring backend, its own ports)."
+    return [LAUNCH, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1", "--starting-port", str(free_ports()),
+            "--", sys.executable, *args]
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                    os.environ.get("PYTHONPATH", "")])}
+
+def run_two_ranks(*args, timeout:int=900)->subprocess.CompletedProcess:
+    "Run `python ARGS` on two ranks; the launch and its ranks are killed (process group) if it overruns `timeout`."
+    proc = subprocess.Popen(launch_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    try: out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"two ranks did not finish in {timeout} s:\n{err[-3000:]}")
+    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("dist") / "tiny-llama", "llama", seed=1, head_dim=32)
+
+def test_every_method_matches_one_process(model_dir, tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import sys, json\n"
+        "import veloxquant_mlx.distributed as d\n"
+        "from veloxquant_mlx.builder import KVCacheBuilder\n"
+        "res = d.verify_sharding(sys.argv[1], sys.argv[2])\n"
+        "model, _ = d.load_sharded(sys.argv[1])\n"
+        "d.use_group(None)                      # the same run without the reduction: what it is there for\n"
+        "name = 'squeeze@key_dispersion'\n"
+        "plain = d.sharding_checks(model, {name: d.check_configs()[name]})\n"
+        "if d.rank() == 0: json.dump(plain, open(sys.argv[3], 'w'))\n")
+    two, plain = tmp_path / "two.json", tmp_path / "plain.json"
+    r = run_two_ranks(str(script), str(model_dir), str(two), str(plain))
+    got, unreduced = json.loads(two.read_text()), json.loads(plain.read_text())
+    one = verify_sharding(model_dir)
+    assert got.pop("_meta") == {"ranks": 2, "mode": "tensor"} and one.pop("_meta")["ranks"] == 1
+    assert set(got) == set(one)
+    worst = {}
+    for name, ref in one.items():
+        g = got[name]
+        worst[name] = float(np.abs(np.array(g["logits"]) - np.array(ref["logits"])).max())
+        assert worst[name] < 1e-3, name
+        assert g["forced_argmax"] == ref["forced_argmax"], name
+        assert g["greedy"] == ref["greedy"], name
+        assert len(g["kv_bytes_by_rank"]) == 2 and sum(g["kv_bytes_by_rank"]) == ref["kv_bytes_by_rank"][0], name
+        assert g["kv_bytes_by_rank"][0] == g["kv_bytes_by_rank"][1], name     # one KV head each, same kept counts
+    name = "squeeze@key_dispersion"
+    off = float(np.abs(np.array(unreduced[name]["logits"]) - np.array(one[name]["logits"])).max())
+    assert off > 1e-2, f"without the all_sum the key-dispersion schedule should differ; max |d logits| {off}"
+    print(f"\n2 ranks vs 1 process, max |d logits| per configuration: "
+          + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+          + f"; squeeze@key_dispersion without the reduction: {off:.3f}")
+
+CLI = "import sys; from veloxquant_mlx.cli import main; sys.exit(main())"
+PROMPT = "Eviction keeps a budget of tokens per layer; the ranks each keep their heads' share. " * 3
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--method", "snapkv", "--kv-fraction", "0.25"],
+    ["compare", "--methods", "h2o,squeeze", "--budget", "48", "--signal", "key_dispersion"]], ids=["generate", "compare"])
+def test_cli_under_mlx_launch(model_dir, args):
+    from veloxquant_mlx.cli import main
+    args = [*args, "--model", str(model_dir), "--max-tokens", "12", "--prefill-step", "64", "--json", PROMPT]
+    r = run_two_ranks("-c", CLI, *args, timeout=600)
+    lines = [l for l in r.stdout.splitlines() if l.startswith(("{", "["))]
+    assert len(lines) == 1, r.stdout[-2000:]                           # rank 0 prints, rank 1 does not
+    buf = io.StringIO()
+    assert main(args, out=buf) == 0
+    two, one = json.loads(lines[0]), json.loads(buf.getvalue())
+    two, one = (two, one) if args[0] == "compare" else ([two], [one])
+    for t, o in zip(two, one):
+        assert (t["text"], t["generated_tokens"], t["label"]) == (o["text"], o["generated_tokens"], o["label"])
+        assert t["kv_bytes_all_ranks"] == o["kv_bytes"] and len(t["kv_bytes_by_rank"]) == 2
+        assert t["full_kv_bytes_all_ranks"] == o["full_kv_bytes"]
+        assert t["squeeze_budgets"] == o["squeeze_budgets"]             # the reduced key-dispersion schedule
+        print(f"\n{args[0]} on 2 ranks, {t['label']}: {t['generated_tokens']} tokens as one process; KV bytes by "
+              f"rank {t['kv_bytes_by_rank']} (one process {o['kv_bytes']}); squeeze budgets {t['squeeze_budgets']}")
+
+def test_serve_on_two_ranks_over_http(model_dir):
+    from mlx_lm import load
+    from veloxquant_mlx.batch import greedy_alone
+    from veloxquant_mlx.builder import KVCacheBuilder
+    from veloxquant_mlx.cli import method_config
+    from test_serve import complete
+    cmd = launch_cmd("-c", CLI, "serve", "--model", str(model_dir), "--method", "h2o", "--budget", "24", "--port", "0",
+                     "--", "--log-level", "WARNING")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                            start_new_session=True)
+    try:
+        lines, url, t0 = [], None, time.time()
+        while url is None:
+            line = proc.stderr.readline()
+            if (not line and proc.poll() is not None) or time.time() - t0 > 300:
+                raise AssertionError("two-rank server did not start:\n" + "".join(lines[-30:]))
+            lines.append(line)
+            m = re.search(r" on (http://\S+)", line)
+            if m: url = m.group(1)
+        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+        served = complete(url, PROMPT, 10)
+    finally: os.killpg(proc.pid, signal.SIGKILL)                        # mlx-lm's distributed server has no stop
+    proc.wait(timeout=60)
+    model, tok = load(str(model_dir))
+    alone = greedy_alone(model, tok.encode(PROMPT), KVCacheBuilder.for_model(model, method_config("h2o", 24)), 10)
+    assert served == alone
+    print(f"\nserve on 2 ranks answered {len(served)} tokens, the one-process tokens")
