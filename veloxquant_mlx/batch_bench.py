@@ -37,7 +37,8 @@ def prefill(model, ids:list, caches:list, step:int=2048)->float:
 
 # %% ../nbs/13_batch_speed.ipynb #c130000a
 def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache list and the prompt's last token
-                 B:int, steps:int=8, warmup:int=2)->dict: # rows, timed steps, untimed steps first
+                 B:int, steps:int=8, warmup:int=2, # rows, timed steps, untimed steps first
+)->dict:
     "Tokens/s, step times, KV bytes and peak memory of B rows decoding together (mlx-lm's `GenerationBatch`)."
     from mlx_lm.generate import GenerationBatch, StopSequences, _merge_caches
     batch = _merge_caches([caches] * B)

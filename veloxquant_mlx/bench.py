@@ -140,7 +140,8 @@ def timed(f, *args)->float:
 # %% ../nbs/12_speed.ipynb #ef28d67f
 EXTRA_KINDS = ("h2o[score=key_proxy]",)
 
-def decode_kinds(extra:tuple=EXTRA_KINDS)->tuple: # further registry labels to compare
+def decode_kinds(extra:tuple=EXTRA_KINDS, # further registry labels to compare
+)->tuple:
     "'plain', then every registered method at its defaults (`full` is 'plain' itself), then `extra`."
     return ("plain",) + tuple(m for m in METHODS if m != "full") + tuple(extra)
 
@@ -179,7 +180,8 @@ def hold_budget(caches, n:int): # decode steps just run
 # %% ../nbs/12_speed.ipynb #b2e0a007
 def fill_caches(model, kinds, # benchmark kinds (see `make_caches`)
                 budget:int, # tokens each kind holds: the prompt's length
-                warmup:int=2)->dict: # untimed decode steps (trimmed back)
+                warmup:int=2, # untimed decode steps (trimmed back)
+)->dict:
     "Each kind's caches holding `budget` prompt tokens, warmed up: kind -> caches."
     out = {}
     for k in kinds:
@@ -202,7 +204,8 @@ def timed_rounds(model, caches:dict, # kind -> its caches (`fill_caches`)
 
 # %% ../nbs/12_speed.ipynb #b2e0a013
 def summarize_kind(caches, per_round:list, # mean step seconds of each round
-                   plain_per_round:list|None=None)->KindDecode: # the plain cache's, same rounds (None: no ratio)
+                   plain_per_round:list|None=None, # the plain cache's, same rounds (None: no ratio)
+)->KindDecode:
     "One kind's `KindDecode` from its caches and its per-round step times."
     ratio = None if plain_per_round is None else med([a / b for a, b in zip(per_round, plain_per_round)])
     return KindDecode(1e3 * med(per_round), 1.0 / med(per_round), kv_nbytes(caches), overhead_nbytes(caches),
@@ -232,7 +235,8 @@ class EvictProfile:
     n_layers:int|None=None # the model's layers: a step pays each part once per layer
 
 # %% ../nbs/12_speed.ipynb #b2e0a018
-def median_ms(f, reps:int)->float: # f() builds the lazy arrays to evaluate
+def median_ms(f, reps:int, # f() builds the lazy arrays to evaluate
+)->float:
     "Median milliseconds of `mx.eval(f())` over `reps` calls."
     ts = []
     for _ in range(reps):
@@ -395,7 +399,8 @@ def evict_reference(k:mx.array, v:mx.array, # one layer's keys and values `[1, H
 # %% ../nbs/12_speed.ipynb #cdaad7ea
 def bench_evict_paths(n_kv_heads:int, head_dim:int, lengths=(1024,), budget:int=512, prefill_step:int=2048,
                       n_sink:int=4, reference:bool=True, # also time the reference (once per length)
-                      repeats:int=3)->list: # batched runs per length
+                      repeats:int=3, # batched runs per length
+)->list:
     "Seconds for one layer's eviction over each prompt length: batched `prefill_evict` vs the reference."
     rows = []
     for L in lengths:
@@ -468,7 +473,8 @@ def concentration_all_keys_s(model, tokens:mx.array, prefill_step:int, repeats:i
 
 # %% ../nbs/12_speed.ipynb #ecc2a47f
 def bench_coordinator(model, length:int=8192, budget:int=512, prefill_step:int=2048, repeats:int=2,
-                      label:str="squeeze")->CoordinatorCost: # a registry label of a SqueezeAttention configuration
+                      label:str="squeeze", # a registry label of a SqueezeAttention configuration
+)->CoordinatorCost:
     "Seconds of the layer signals and the one-shot re-budget vs the whole SqueezeAttention prefill."
     toks = tokens_for(model, length, seed=7)
     prefill_s, accs = [], []
@@ -589,7 +595,8 @@ PARTS = dict(decode=run_decode_part, contexts=run_contexts_part, evict_paths=run
 def run_all(quick:bool=False, # the quick settings instead of the full ones
             overrides:dict|None=None, # settings to change
             log=print, checkpoint=None, # checkpoint(run) after each part
-            parts=tuple(PARTS))->SpeedRun: # the parts to run, by name
+            parts=tuple(PARTS), # the parts to run, by name
+)->SpeedRun:
     "Run the benchmark parts; a `SpeedRun` with the machine, the settings, every sample and the medians."
     cfg = {**(QUICK if quick else FULL), **(overrides or {})}
     cfg["decode_kinds"] = list(cfg["decode_kinds"] or decode_kinds())
@@ -740,7 +747,8 @@ def plot_prefill(run:SpeedRun):
     return fig
 
 # %% ../nbs/12_speed.ipynb #b7e0a006
-def plot_results(run:SpeedRun, save_dir:str|None=None)->list: # save_dir: write the figures there as speed_*.png
+def plot_results(run:SpeedRun, save_dir:str|None=None, # save_dir: write the figures there as speed_*.png
+)->list:
     "The figures of the parts `run` holds: decode, contexts, prefill."
     import matplotlib
     if save_dir is not None: matplotlib.use("Agg")

@@ -86,7 +86,8 @@ def wheel_openblas() -> Path | None:
 def mlx_gfortran() -> tuple[Path, Path] | None:
     "The (libgfortran, libquadmath) that the mlx-cpu wheel ships in `mlx_cpu.libs/`, else None."
     for d in _site_dirs():
-        g, q = sorted((d / "mlx_cpu.libs").glob("libgfortran-*.so*")), sorted((d / "mlx_cpu.libs").glob("libquadmath-*.so*"))
+        libs = d / "mlx_cpu.libs"
+        g, q = sorted(libs.glob("libgfortran-*.so*")), sorted(libs.glob("libquadmath-*.so*"))
         if g and q: return g[0], q[0]
     return None
 
@@ -108,7 +109,8 @@ def patched_gfortran(
     cache_dir: Path | None = None,  # where to write the copies; None is `blas_cache_dir()`
 ) -> Path:
     "A copy of `gfortran` whose soname reads `libgfortran.so.5`, with `quadmath` beside it; made once."
-    src = Path(gfortran); st = src.stat()
+    src = Path(gfortran)
+    st = src.stat()
     out = Path(cache_dir or blas_cache_dir()) / f"{src.name}-{st.st_size}-{int(st.st_mtime)}"
     out.mkdir(parents=True, exist_ok=True)
     _write_once(out / Path(quadmath).name, Path(quadmath).read_bytes())
@@ -209,9 +211,11 @@ def _load_first(candidates) -> BlasStatus:
     for source in sources:
         try:
             if source == "wheel":
-                return BlasStatus(True, load_wheel_openblas(), "cmeel-openblas wheel loaded with RTLD_GLOBAL before mlx.core")
+                why = "cmeel-openblas wheel loaded with RTLD_GLOBAL before mlx.core"
+                return BlasStatus(True, load_wheel_openblas(), why)
             if (path := find_openblas(candidates)) is None:
-                tried.append("no system OpenBLAS"); continue
+                tried.append("no system OpenBLAS")
+                continue
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             return BlasStatus(True, path, "loaded with RTLD_GLOBAL before mlx.core")
         except OSError as e:

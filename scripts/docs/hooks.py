@@ -9,8 +9,8 @@ Only what the libraries do not do is here:
   to MathML right there (latex2mathml), so a formula stays where the parser found it and no script is needed;
 - `on_page_content`: the page outline from its headings (unique ids; `show_doc` entries included), mkdocs-jupyter's
   inline CSS moved into one shared file, its MathJax loader dropped, kernel-free widgets wired to their script;
-- `on_post_build`: links to `page.html#anchor` whose anchor does not exist are pointed at the right entry, and
-  nothing may reference the internet.
+- `on_post_build`: links to `page.html#anchor` must reach an element (nbdev's bare method anchors are pointed at the
+  entry; any other missing anchor fails the build), and nothing may reference the internet.
 """
 from __future__ import annotations
 
@@ -162,23 +162,31 @@ _re_id = re.compile(r'\sid="([^"]+)"')
 _re_href = re.compile(r'href="([\w./-]+\.html)#([^"]+)"')
 
 def fix_anchors(site: Path):
-    """nbdev links a symbol to `page.html#name` as its module index says; point such a link at the entry the page
-    really has (`#h2ocache.trim` for `#trim`), the API page's entry, or the page itself."""
+    """Every `page.html#anchor` link must reach an element of that page. nbdev's module index names a method by its bare
+    name (`#trim`): such a link is pointed at the page's one entry that ends with it (`#h2ocache.trim`), and a name
+    documented only on the API page at that entry. Anything else (a member entry that does not exist above all) fails
+    the build with the list, instead of quietly becoming a link to the top of the page."""
     ids = {p.relative_to(site).as_posix(): set(_re_id.findall(p.read_text())) for p in site.rglob('*.html')}
+    broken = []
     def fix(src, m):
         target = os.path.normpath(os.path.join(os.path.dirname(src), m.group(1))).replace(os.sep, '/')
         frag = m.group(2)
         have = ids.get(target)
         if have is None or frag in have: return m.group(0)
         ends = [i for i in have if i.endswith('.' + frag)]
-        if len(ends) == 1: return f'href="{m.group(1)}#{ends[0]}"'
-        if frag in ids.get('api.html', ()): return f'href="{os.path.relpath("api.html", os.path.dirname(src) or ".")}#{frag}"'
-        return f'href="{m.group(1)}"'
+        if '.' not in frag and len(ends) == 1: return f'href="{m.group(1)}#{ends[0]}"'
+        if '.' not in frag and frag in ids.get('api.html', ()): return f'href="{os.path.relpath("api.html", os.path.dirname(src) or ".")}#{frag}"'
+        broken.append(f'{src}: {m.group(1)}#{frag}')
+        return m.group(0)
     for rel in ids:
         p = site/rel
         text = p.read_text()
         new = _re_href.sub(lambda m: fix(rel, m), text)
         if new != text: p.write_text(new)
+    if broken:
+        broken = sorted(set(broken))
+        raise SystemExit(f'{len(broken)} links to an anchor that does not exist (a member without its entry?):\n  '
+                         + '\n  '.join(broken[:60]))
 
 def check_offline(site: Path):
     "Nothing the browser loads may come from the internet (links to other sites are fine)."
