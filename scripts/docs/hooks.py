@@ -10,7 +10,7 @@ Only what the libraries do not do is here:
 - `on_page_content`: the page outline from its headings (unique ids; `show_doc` entries included), mkdocs-jupyter's
   inline CSS moved into one shared file, its MathJax loader dropped, kernel-free widgets wired to their script;
 - `on_post_build`: links to `page.html#anchor` must reach an element (nbdev's bare method anchors are pointed at the
-  entry; any other missing anchor fails the build), and nothing may reference the internet.
+  entry; any other missing anchor fails the build), every image has alt text, and nothing may reference the internet.
 """
 from __future__ import annotations
 
@@ -153,6 +153,7 @@ def on_post_build(config):
         (site/'assets'/'jupyter'/'notebook.css').write_text(_state['css'].replace('.highlight ', '.highlight-ipynb '))
     fix_anchors(site)
     check_offline(site)
+    check_alt_text(site)
     shutil.rmtree(_state.get('out', ''), ignore_errors=True)
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -187,6 +188,17 @@ def fix_anchors(site: Path):
         broken = sorted(set(broken))
         raise SystemExit(f'{len(broken)} links to an anchor that does not exist (a member without its entry?):\n  '
                          + '\n  '.join(broken[:60]))
+
+def check_alt_text(site: Path):
+    "Every image on a page says what it shows: an `alt` that is not empty nor nbconvert's placeholder."
+    bad = []
+    for f in site.glob('*.html'):
+        for tag in re.findall(r'<img\b[^>]*>', f.read_text()):
+            alt = re.search(r'\salt="([^"]*)"', tag)
+            if not alt or not alt.group(1).strip() or alt.group(1).startswith('No description has been provided'):
+                bad.append(f'{f.name}: {tag[:100]}')
+    if bad: raise SystemExit('images without alt text (Markdown: ![what it shows](file); a cell: `#| fig-alt: ...`):\n  '
+                             + '\n  '.join(bad[:20]))
 
 def check_offline(site: Path):
     "Nothing the browser loads may come from the internet (links to other sites are fine)."

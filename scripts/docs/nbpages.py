@@ -10,7 +10,9 @@ nbdev's `exec_show_docs` (which runs the notebook's exported code in a kernel) i
 - `#| exec_doc` cells are run at build time in an execnb shell (cwd = the notebook's folder, the namespace of the
   notebook's module preloaded), so what they show is computed from the files of this checkout, not saved outputs.
 
-What is left for the site: Quarto's `#| include/echo/output: false`, `#| docs_widget: NAME` (the cell's ipywidget
+What is left for the site: Quarto's `#| include/echo/output: false` and `#| fig-alt: TEXT` (the alt text of the
+images a cell shows, one per image separated by " | "; an image output without one fails the build),
+`#| docs_widget: NAME` (the cell's ipywidget
 is replaced on the site by `assets/widgets/NAME.js`, a kernel-free version of it), links between notebooks
 (`x.ipynb` -> `x.html`) and to the published site (made relative). Every other output is the one saved in
 the notebook; mkdocs-jupyter turns the result into HTML.
@@ -221,9 +223,18 @@ def finish(nb, title: str, description: str, nb_rel: Path, links: Links) -> tupl
         outs = [] if d.get('output') == 'false' else [copy.deepcopy(dict(o)) for o in c.get('outputs', [])]
         if d.get('docs_widget'):   # the widget's kernel-free version replaces whatever the cell showed
             outs = [o for o in outs if WIDGET_VIEW in (o.get('data') or {})][:1] or [{'data': {WIDGET_VIEW: {}}}]
-        new_outs = []
+        new_outs, alts = [], [a.strip() for a in d.get('fig-alt', '').split(' | ') if a.strip()]
         for o in outs:
             data = o.get('data') or {}
+            img = next((k for k in ('image/png', 'image/jpeg') if k in data), None)
+            if img and WIDGET_VIEW not in data:   # a figure: shown with the alt text its cell gives (`#| fig-alt:`)
+                if not alts: raise ValueError(f'{nb_rel}: a cell shows an image without alt text: give it `#| fig-alt: ` '
+                                              f'(one text per image, separated by " | ")\n{src[:300]}')
+                alt = alts.pop(0) if len(alts) > 1 else alts[0]
+                b64 = ''.join(data[img]) if isinstance(data[img], list) else data[img]
+                o = nbformat.v4.new_output('display_data', data={'text/html':
+                    f'<img class="vq-figure" src="data:{img};base64,{b64.strip()}" alt="{html.escape(alt)}">'})
+                new_outs.append(o); continue
             if WIDGET_VIEW in data:
                 if d.get('docs_widget'):
                     name = re.sub(r'[^\w-]', '', d['docs_widget'])
