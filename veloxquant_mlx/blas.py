@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['OPENBLAS_CANDIDATES', 'OPT_OUT_ENV', 'SOURCES_ENV', 'BLAS_SOURCES', 'SLOW_BLAS_WARNING', 'BlasStatus',
-           'find_openblas', 'set_soname', 'wheel_openblas', 'mlx_gfortran', 'blas_cache_dir', 'patched_gfortran',
-           'load_wheel_openblas', 'openblas_in_process', 'blas_sources', 'preload_openblas', 'blas_status',
-           'matmul_gflops', 'run_child_json', 'subprocess_gflops']
+__all__ = ['OPENBLAS_CANDIDATES', 'CORE_FLAGS', 'THREAD_ENVS', 'OPT_OUT_ENV', 'SOURCES_ENV', 'BLAS_SOURCES', 'SLOW_BLAS_WARNING',
+           'FIX_PIP', 'FIX_APT', 'BlasStatus', 'find_openblas', 'set_soname', 'wheel_openblas', 'mlx_gfortran',
+           'blas_cache_dir', 'patched_gfortran', 'cpu_flags', 'wheel_runs_here', 'load_wheel_openblas',
+           'openblas_in_process', 'blas_sources', 'preload_openblas', 'blas_status', 'matmul_gflops', 'run_child_json',
+           'subprocess_gflops']
 
 # %% ../nbs/05a_blas.ipynb #88a1a0ad
 @dataclass(frozen=True)
@@ -119,7 +120,41 @@ def patched_gfortran(
     _write_once(out / "libgfortran.so.5", bytes(data))
     return out / "libgfortran.so.5"
 
+# %% ../nbs/05a_blas.ipynb #f96c1ee3
+CORE_FLAGS = {  # static OpenBLAS targets (the start of the core's name) -> CPU flags their kernels use
+    "SKYL": {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"},
+    "COOPER": {"avx512f", "avx512bw", "avx512_bf16"},
+    "SAPPHIRE": {"avx512f", "avx512bw", "amx_tile"}, "HASWELL": {"avx2", "fma"}, "ZEN": {"avx2", "fma"},
+    "SANDY": {"avx"}, "NEHALEM": {"sse4_2"}, "PRESCOTT": {"sse3"}}
+
+def cpu_flags() -> set:
+    "The CPU's feature flags from `/proc/cpuinfo` (empty where there is none)."
+    try:
+        line = next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith(("flags", "Features")))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+# %% ../nbs/05a_blas.ipynb #4dfc57a1
+def wheel_runs_here(
+    lib: Path,  # an OpenBLAS shared library (not loaded)
+    flags: set | None = None,  # the CPU's flags; None reads `/proc/cpuinfo`
+) -> str | None:
+    "None when `lib` can run on this CPU (a DYNAMIC_ARCH build, or a static core whose flags it has), else why not."
+    data = Path(lib).read_bytes()
+    at = data.find(b"OpenBLAS 0.")
+    config = data[at:at + 64].split(b"\0")[0].decode("ascii", "replace") if at >= 0 else ""
+    if "DYNAMIC_ARCH" in config:
+        return None
+    core = next((c for c in CORE_FLAGS if c in config), None)
+    if core is None:
+        return f"{lib.name} is built for a core this check does not know ({config!r})"
+    missing = CORE_FLAGS[core] - (cpu_flags() if flags is None else flags)
+    return f"{lib.name} is built for {core}... and this CPU lacks {sorted(missing)}" if missing else None
+
 # %% ../nbs/05a_blas.ipynb #301ecd17
+THREAD_ENVS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
 def load_wheel_openblas(
     cache_dir: Path | None = None,  # where the patched libgfortran goes; None is `blas_cache_dir()`
 ) -> str:
@@ -129,8 +164,12 @@ def load_wheel_openblas(
         raise FileNotFoundError("the cmeel-openblas wheel is not installed (pip install cmeel-openblas)")
     if fortran is None:
         raise FileNotFoundError("no libgfortran in mlx_cpu.libs/ (pip install 'mlx[cpu]')")
+    if (why := wheel_runs_here(blas)) is not None:
+        raise OSError(why)
     ctypes.CDLL(str(patched_gfortran(*fortran, cache_dir)), mode=ctypes.RTLD_GLOBAL)
-    ctypes.CDLL(str(blas), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(str(blas), mode=ctypes.RTLD_GLOBAL)
+    if not any(os.environ.get(v) for v in THREAD_ENVS):
+        lib.openblas_set_num_threads(1)   # its threads stall small products on a busy machine (measured below)
     return str(blas)
 
 # %% ../nbs/05a_blas.ipynb #a8ed459e
@@ -171,7 +210,9 @@ def blas_sources(
 # %% ../nbs/05a_blas.ipynb #fc214847
 SLOW_BLAS_WARNING = ("veloxquant_mlx: no OpenBLAS found, so MLX's CPU matmuls use the reference BLAS "
                      "(measured ~8 vs ~300 GFLOP/s; the README's passkey command took 552 s instead of ~60 s). "
-                     "Fix: pip install cmeel-openblas")
+                     "Fix: {fix}")
+FIX_PIP = "pip install cmeel-openblas"
+FIX_APT = "sudo apt-get install libopenblas0-pthread (the wheel's build does not run here)"
 
 # %% ../nbs/05a_blas.ipynb #0b7b9245
 def preload_openblas(
@@ -220,7 +261,8 @@ def _load_first(candidates) -> BlasStatus:
             return BlasStatus(True, path, "loaded with RTLD_GLOBAL before mlx.core")
         except OSError as e:
             tried.append(f"{source}: {e}")
-    print(SLOW_BLAS_WARNING, file=sys.stderr)
+    unusable = "wheel" in sources and wheel_openblas() is not None   # installed, but it cannot run here
+    print(SLOW_BLAS_WARNING.format(fix=FIX_APT if unusable else FIX_PIP), file=sys.stderr)
     return BlasStatus(False, None, "; ".join(tried) or f"{SOURCES_ENV} lists no source")
 
 # %% ../nbs/05a_blas.ipynb #1d35d075

@@ -1599,7 +1599,8 @@ def plot_fraction_results(
     axes_list[0].set_yticks(range(len(names)), [wrap(n) for n in names], fontsize=8)
     axes_list[0].invert_yaxis()
     fig.suptitle(
-        f"Pass key on Gemma 3 270M, families pooled\n({', '.join(sorted({r['family'] for r in pk}))}); dashed: the goal",
+        f"Pass key on Gemma 3 270M, families pooled\n"
+        f"({', '.join(sorted({r['family'] for r in pk}))}); dashed: the goal",
         fontsize=9,
     )
     fig.tight_layout()
