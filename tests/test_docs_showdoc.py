@@ -69,6 +69,14 @@ def oldcm(cls):
 
 Box.old, Box.oldprop, Box.oldcm = old, oldprop, oldcm'''),
     ('code', 'show_doc(Box.oldprop)'),   # explicitly documented too: must still appear once
+    ('code', '''#| export
+class Tray:
+    "Members written in the class body, with no `show_doc` of their own."
+    def put(self, x:int, # the thing to put
+            ): "Put `x` on the tray."
+    @property
+    def count(self)->int: "How many things are on it."
+    def _hidden(self): "Not public."'''),
 ]
 
 @pytest.fixture(scope='module')
@@ -117,6 +125,7 @@ def test_members_render_as_members_once(rendered):
     names = [n for _, n, _ in entries]
     want = {'Box': '', 'Box.grow': '', 'Box.size': 'property', 'Box.empty': 'classmethod', 'nodoc': '', 'Spec': 'dataclass',
             'Box.old': '', 'Box.oldprop': 'property', 'Box.oldcm': 'classmethod'}
+    want.update({'Tray': ''})
     assert sorted(names) == sorted(want), f'entries: {names}'
     assert {n: k for _, n, k in entries} == want
     assert all(i == n.lower() for i, n, _ in entries), 'anchors are nbdev\'s (the name, lower-cased)'
@@ -154,9 +163,21 @@ def test_signatures_docstrings_and_parameter_tables(rendered):
 def test_source_links_go_to_the_line(rendered, project):
     md, _ = rendered
     links = re.findall(r'<h3 class="vq-doc" id="([^"]+)">.*?href="https://github.com/example/fxlib/blob/main/(fxlib/core.py)#L(\d+)"', md)
-    assert len(links) == 9
+    assert len(links) == 10
     src = (project/'fxlib'/'core.py').read_text().splitlines()
     for anchor, path, line in links:
         short = anchor.rsplit('.', 1)[-1]
         near = '\n'.join(src[int(line) - 1:int(line) + 2])
         assert re.search(rf'(def|class) {short}\b', near, re.I), f'{anchor}: line {line} is {near!r}'
+
+def test_class_body_members_get_their_own_entries(rendered):
+    "A member the class entry lists but nothing else documents gets an entry (h4) under its class: its link resolves."
+    _, html = rendered
+    subs = re.findall(r'<h4 class="vq-doc" id="([^"]+)"><code>([^<]+)</code>(?: <span class="vq-kind">(\w+)</span>)?', html)
+    assert [(n, k) for _, n, k in subs] == [('Tray.put', ''), ('Tray.count', 'property')], subs
+    ids = set(re.findall(r'id="([^"]+)"', html))
+    for href in re.findall(r'href="#?(?:core\.html)?#([^"]+)"', html):
+        if href.startswith(('box.', 'tray.')): assert href in ids, f'member link #{href} has no entry'
+    put = html[html.index('id="tray.put"'):html.index('id="tray.count"')]
+    assert 'Put' in put and 'the thing to put' in put, 'Tray.put lacks its docstring or parameter table'
+    assert 'tray._hidden' not in html

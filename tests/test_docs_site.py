@@ -158,14 +158,22 @@ def crawl(site, browser):
             return {ids: Array.from(document.querySelectorAll('[id], a[name]')).map(e => e.id || e.getAttribute('name')),
                     dups: Object.entries(c).filter(([k, n]) => n > 1).map(([k, n]) => `${k} x${n}`),
                     text: art ? art.innerText : document.body.innerText,
+                    prose: Array.from(document.querySelectorAll('article .jp-RenderedMarkdown')).filter(m => !m.querySelector('.vq-doc'))
+                                .map(m => m.innerText).join(String.fromCharCode(10)),
+                    entries: Array.from(document.querySelectorAll('.vq-doc')).map(h => h.id),
+                    members: Array.from(document.querySelectorAll('article p')).filter(p => p.innerText.trim().startsWith('Members:'))
+                                  .flatMap(p => Array.from(p.querySelectorAll('a')).map(a => a.href)),
+                    imgs: Array.from(document.querySelectorAll('article img')).map(i => ({src: i.getAttribute('src'), alt: i.getAttribute('alt'),
+                                  natural: i.naturalWidth, shown: i.getBoundingClientRect().width})),
+                    tex: Array.from(document.querySelectorAll('article math')).map(m => m.textContent).filter(t => t.includes(String.fromCharCode(92))),
                     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href)}; }''')
         info['wide'] = pg.evaluate(_WIDTH_JS) if rel in WIDE_PAGES else None
         for href in info.pop('links'):
             if urlsplit(href).hostname in LOCAL_HOSTS: res['links'].setdefault(href, set()).add(rel)
         res['pages'][rel] = info
-        if rel in ('index.html', 'explore_schedules.html'):
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            pg.screenshot(path=str(SHOTS/rel.replace('.html', '.png')), full_page=True)
+        if rel in ('index.html', 'explore_schedules.html', 'getting_started.html', 'cli.html', 'quality.html', 'api.html'):
+            SHOTS.mkdir(parents=True, exist_ok=True)   # the long pages: their first screen
+            pg.screenshot(path=str(SHOTS/rel.replace('.html', '.png')), full_page=rel in ('index.html', 'explore_schedules.html'))
     current['page'] = 'search'   # Material's offline lunr index finds a page by a word of its title
     pg.goto(base + 'index.html', wait_until='networkidle')
     box = pg.locator('input.md-search__input')
@@ -424,3 +432,125 @@ def test_explorer_js_profiles_and_controls_are_the_notebooks(schedules_js):
     have = schedules_js.evaluate('() => window.VQSchedules.CONTROLS')
     have = [{k: v for k, v in c.items() if k != 'kind'} for c in have]
     assert have == want, f'the page\'s sliders differ from the notebook\'s:\n{have}\n{want}'
+
+# ----------------------------------------------------------------------------------------------------------------
+# what a reader looks for: member entries, alt text, readable figures, no tracker numbers, real outputs
+
+def _resolve(href):
+    url, frag = urldefrag(href)
+    return (unquote(urlsplit(url).path).lstrip('/') or 'index.html'), unquote(frag)
+
+def test_every_member_link_reaches_an_entry(crawl):
+    "Each member a class entry lists links to that member's own entry (signature, docstring, parameters), not a page top."
+    entries = {rel: set(p['entries']) for rel, p in crawl['pages'].items()}
+    links = {h for p in crawl['pages'].values() for h in p['members']}
+    bad = sorted(h for h in links if not (lambda t: t[1] and t[1] in entries.get(t[0], ()))(_resolve(h)))
+    print(f'member entries: {len(links) - len(bad)}/{len(links)} distinct member links reach an entry')
+    assert len(links) > 100, f'only {len(links)} member links: the class entries lost their member lists?'
+    assert not bad, f'{len(bad)} of {len(links)} member links reach no entry:\n' + '\n'.join(bad[:40])
+
+def test_every_image_says_what_it_shows(crawl):
+    bad = [f'{rel}: {i["src"][:60]!r} alt={i["alt"]!r}' for rel, p in crawl['pages'].items() for i in p['imgs']
+           if not (i['alt'] or '').strip() or i['alt'].startswith('No description has been provided')]
+    assert not bad, 'images without alt text:\n' + '\n'.join(bad)
+
+def _glyph_heights(png: bytes, dark=90):
+    "Heights (px) of the small near-black connected shapes of an image: the glyphs of its text."
+    import io
+    import numpy as np
+    from PIL import Image
+    a = np.asarray(Image.open(io.BytesIO(png)).convert('RGB')).max(axis=2) < dark
+    h, w = a.shape
+    seen, out = np.zeros_like(a), []
+    for y0, x0 in zip(*np.nonzero(a)):
+        if seen[y0, x0]: continue
+        stack, seen[y0, x0] = [(y0, x0)], True
+        y1 = y2 = y0; x1 = x2 = x0; n = 0
+        while stack:
+            y, x = stack.pop(); n += 1
+            y1, y2, x1, x2 = min(y1, y), max(y2, y), min(x1, x), max(x2, x)
+            for dy in (-1, 0, 1):
+                for dx in (-1, 0, 1):
+                    yy, xx = y + dy, x + dx
+                    if 0 <= yy < h and 0 <= xx < w and a[yy, xx] and not seen[yy, xx]:
+                        seen[yy, xx] = True; stack.append((yy, xx))
+        if 3 <= y2 - y1 + 1 <= 40 and x2 - x1 + 1 <= 2 * (y2 - y1 + 1) and n >= 3: out.append(y2 - y1 + 1)
+    return sorted(out)
+
+def test_figure_text_is_readable_at_1400px(site, crawl):
+    """At 1400 px, a figure's text renders at least about 9 px high: the median glyph (mostly lower-case letters and
+    digits, about 0.55 of the font size) of the image, times the scale the page shows it at, is at least 5 px."""
+    import base64
+    site_dir = site[0]
+    small, n = [], 0
+    for rel, p in crawl['pages'].items():
+        for i in p['imgs']:
+            src = i['src'] or ''
+            if src.startswith('data:'): png = base64.b64decode(src.split(',', 1)[1])
+            elif (site_dir/unquote(src)).is_file(): png = (site_dir/unquote(src)).read_bytes()
+            else: continue
+            g = _glyph_heights(png)
+            if len(g) < 20 or not i['natural']: continue   # not a chart with text
+            n += 1
+            scale = min(1.0, i['shown'] / i['natural'])
+            shown = g[len(g) // 2] * scale
+            if shown < 5: small.append(f'{rel}: {src[:50]!r} (alt {(i["alt"] or "")[:50]!r}): shown at {scale:.2f} of its width, '
+                                       f'median glyph {shown:.1f} px')
+    assert n >= 5, f'only {n} figures with text found'
+    assert not small, 'figures whose text is too small at 1400 px:\n' + '\n'.join(small)
+
+def test_no_tracker_numbers_in_reader_text(crawl):
+    "Pages name other pages by their title: no 'issue 13' anywhere, no 'notebook 03b' in the prose."
+    bad = []
+    for rel, p in crawl['pages'].items():
+        bad += [f'{rel}: ...{p["text"][max(0, m.start() - 50):m.end() + 20]!r}' for m in re.finditer(r'\bissues? \d+', p['text'], re.I)]
+        bad += [f'{rel}: ...{p["prose"][max(0, m.start() - 50):m.end() + 20]!r}' for m in re.finditer(r'\bnotebooks? \d+\w*\b', p['prose'], re.I)]
+    assert not bad, '\n'.join(bad[:30])
+
+def test_math_has_no_tex_left(crawl):
+    bad = [f'{rel}: {t[:80]!r}' for rel, p in crawl['pages'].items() for t in p['tex']]
+    assert not bad, 'formulas that show TeX commands:\n' + '\n'.join(bad)
+
+def test_pages_show_real_outputs(crawl):
+    "Getting started shows its examples' outputs, the main command's report and `--help`; the API page its list."
+    gs = crawl['pages']['getting_started.html']['text']
+    assert re.search(r"'h2o': \[\d+", gs), 'getting started: the method loop shows no output'
+    assert 'veloxquant passkey --tokens 2000 | veloxquant generate --kv-fraction 0.125' in gs
+    for want in ('KV bytes kept:', 'vs full cache', 'prefill', 'decode', 'tok/s', 'peak memory'):
+        assert want in gs, f'getting started: the main command\'s report lacks {want!r}'
+    assert re.search(r'usage: veloxquant generate', gs) and '--kv-fraction' in gs, 'getting started: no `veloxquant generate --help`'
+    api = crawl['pages']['api.html']['text']
+    import veloxquant_mlx
+    assert all(f"'{n}'" in api for n in veloxquant_mlx.__all__), 'the API page does not show sorted(__all__)'
+
+def test_explorer_usable_at_390px(site, browser):
+    "On a phone the explorer's plot text stays readable and its error message is visible."
+    _, base, _ = site
+    ctx = browser.new_context(viewport={'width': 390, 'height': 844}, service_workers='block')
+    external = set(); _block_internet(ctx, external)
+    pg = ctx.new_page()
+    pg.goto(base + 'explore_schedules.html', wait_until='networkidle')
+    pg.wait_for_selector('.vq-widget svg', timeout=10000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.locator('.vq-widget').screenshot(path=str(SHOTS/'explore_schedules_390.png'))
+    r = pg.evaluate('''() => { const w = document.querySelector('.vq-widget');
+        const t = Array.from(w.querySelectorAll('svg text')).map(e => e.getBoundingClientRect().height).filter(h => h > 0);
+        return {min: Math.min(...t), widest: w.scrollWidth, room: w.clientWidth}; }''')
+    assert r['min'] >= 10, f'plot text is {r["min"]:.1f} px high at 390 px (its line box; about 9 px type needs 10)'
+    assert r['widest'] <= r['room'] + 1, f'the explorer is {r["widest"]} px wide in {r["room"]} px'
+    _set(pg, 'avg_budget', '3')
+    err = pg.locator('.vq-widget .vq-error')
+    assert err.is_visible() and 'avg_budget=3' in err.inner_text()
+    c = pg.evaluate('''() => { const e = document.querySelector('.vq-widget .vq-error');
+        const rgb = s => (s.match(/[\\d.]+/g) || []).slice(0, 4).map(Number);
+        let bg = null;
+        for (let n = e; n && !bg; n = n.parentElement) { const b = rgb(getComputedStyle(n).backgroundColor); if (b.length === 3 || b[3] > 0) bg = b; }
+        return {fg: rgb(getComputedStyle(e).color), bg: bg || [255, 255, 255]}; }''')
+    if len(c['fg']) == 4:   # a translucent colour: what shows is its blend with the background
+        c['fg'] = [c['fg'][3] * f + (1 - c['fg'][3]) * b for f, b in zip(c['fg'][:3], c['bg'][:3])]
+    lum = lambda c: (lambda f: 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]))(
+        lambda v: (v / 255) / 12.92 if v / 255 <= 0.03928 else ((v / 255 + 0.055) / 1.055) ** 2.4)
+    hi, lo = sorted([lum(c['fg']), lum(c['bg'])], reverse=True)
+    assert (hi + 0.05) / (lo + 0.05) >= 4.5, f'error text contrast {(hi + 0.05) / (lo + 0.05):.1f}:1 ({c})'
+    ctx.close()
+    assert not external

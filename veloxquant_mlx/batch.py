@@ -42,7 +42,8 @@ def _own_copy(obj):
     for k, v in vars(obj).items(): setattr(new, k, own(v))
     return new
 
-def clone_row(cache:EvictingCache)->EvictingCache: # a one-sequence layer (batch size 1)
+def clone_row(cache:EvictingCache, # a one-sequence layer (batch size 1)
+)->EvictingCache:
     "An independent copy of a one-sequence layer: its own arrays (in-place writes stay private), the same schedule."
     B = None if cache.store.dims is None else cache.store.dims[0]
     if B not in (None, 1):
@@ -62,7 +63,8 @@ def row_weights(queries:mx.array, # `[B, Hq, 1, D]`: one query per row (RoPE app
                 positions:mx.array, # `[B, H, L]` absolute positions of the keys (empty slots at 2**31 - 1)
                 qpos:mx.array, # `[B]` each row's query position
                 scale:float, # the attention scale
-                window:int|None=None)->mx.array: # sliding window, or None
+                window:int|None=None, # sliding window, or None
+)->mx.array:
     "Softmax weights `[B, H, rep, L]` (float32) of each row's query heads over the keys its row may see."
     B, Hq, _, D = queries.shape
     H = keys.shape[1]
@@ -496,7 +498,8 @@ def greedy_alone(model, prompt:list, caches:list, max_tokens:int, prefill_step_s
 def greedy_batched(model, prompts:list, caches:list, max_tokens, # an int, or one per prompt
                    arrivals:list|None=None, # generator step at which each prompt is inserted (None: all at once)
                    on_step=None, # called with the generator after every step (to check the live batch)
-                   **kwargs)->tuple: # more `BatchGenerator` arguments (prefill_step_size, completion_batch_size, ...)
+                   **kwargs, # more `BatchGenerator` arguments (prefill_step_size, completion_batch_size, ...)
+)->tuple:
     "Greedy tokens and the extracted caches of `prompts` decoded together by mlx-lm's `BatchGenerator`."
     from mlx_lm.generate import BatchGenerator
     n = len(prompts)

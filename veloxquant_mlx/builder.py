@@ -202,7 +202,8 @@ class KVCacheConfig:
     @classmethod
     def from_label(cls, label:str, # e.g. "pyramidkv[score=key_proxy,beta=1.5]" (what `label` writes)
                    budget:int|None=None, # average tokens per layer
-                   n_sink:int=4)->KVCacheConfig: # never-evicted prefix
+                   n_sink:int=4, # never-evicted prefix
+    )->KVCacheConfig:
         "The configuration a `label` names (parameters parsed by their declared types)."
         name, _, rest = label.partition("[")
         if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
@@ -236,7 +237,8 @@ RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="strea
 
 def recommended_config(kv_fraction:float|None=None, # share of the full cache's bf16 bytes (default DEFAULT_FRACTION)
                        budget:int|None=None, # or: average tokens per layer
-                       **overrides)->KVCacheConfig: # any KVCacheConfig field or method parameter
+                       **overrides, # any KVCacheConfig field or method parameter
+)->KVCacheConfig:
     "The library's default configuration at `kv_fraction` (or `budget`), with `overrides`."
     if kv_fraction is None and budget is None: kv_fraction = DEFAULT_FRACTION
     fields = dict(RECOMMENDED, params=dict(RECOMMENDED["params"]))

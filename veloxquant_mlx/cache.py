@@ -599,7 +599,8 @@ def report_hidden(self:EvictingCache, cosine:float):
 SCORES = ("key_proxy", "attention", "window")  # the token scores of the preset classes
 
 def policy_for_score(score:str, # one of `SCORES`
-                     obs_window:int=32)->Policy: # SnapKV's window, for score="window"
+                     obs_window:int=32, # SnapKV's window, for score="window"
+)->Policy:
     "The policy a preset class's `score` names."
     if score not in SCORES: raise ValueError(f"`score` must be one of {SCORES}, got {score!r}")
     if score == "key_proxy": return KeyProxy()

@@ -78,7 +78,8 @@ _QUESTION = "\n\nWhat is the pass key? The pass key is"
 def passkey_prompt(n_tokens:int, # prompt length in tokens of `tokenizer` (BOS included)
                    key:int|str, # the pass key, e.g. a 5-digit number
                    depth:float, # where the key sits in the filler, 0.0 (start) .. 1.0 (end)
-                   tokenizer)->str: # any tokenizer with `encode`/`decode`
+                   tokenizer, # any tokenizer with `encode`/`decode`
+)->str:
     "A prompt of about `n_tokens` tokens with 'The pass key is KEY' hidden at `depth` of English prose filler."
     from veloxquant_mlx.models import prose_text
     key = str(key)
@@ -100,7 +101,8 @@ def passkey_prompt(n_tokens:int, # prompt length in tokens of `tokenizer` (BOS i
 
 # %% ../nbs/07_cli.ipynb #a68b3753
 def per_token_bytes(cache, model=None, # the cache, and the model whose config answers for packed caches
-                    bf16:bool=False)->int|None: # True: at 2 bytes per element
+                    bf16:bool=False, # True: at 2 bytes per element
+)->int|None:
     "Bytes one token's key + value occupy in a float cache (from its buffers, else the model's config as float32)."
     k = getattr(cache, "keys", None)
     if k is not None and hasattr(k, "shape") and k.ndim == 4:
@@ -418,7 +420,8 @@ def _run(args, out, stdin):
 
 def main(argv:list|None=None, # arguments (default: sys.argv[1:])
          out=None, # where text and reports go (default: sys.stdout)
-         stdin=None)->int: # where a '-' prompt is read (default: sys.stdin)
+         stdin=None, # where a '-' prompt is read (default: sys.stdin)
+)->int:
     "The `veloxquant` console script; returns the exit status (2 on bad input, one line on stderr)."
     from veloxquant_mlx.distributed import rank_output   # under mlx.launch only rank 0 writes (14)
     out = rank_output(out or sys.stdout)

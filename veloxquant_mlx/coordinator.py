@@ -119,7 +119,8 @@ def hidden_cosine_budgets(cosines, # per-layer cosine of the hidden state before
                           n_sink:int=4, # the floor is n_sink + 1
                           strength:float=1.0, # 0 uniform .. 1 the full move
                           keep:float=0.5, # share of the average the least important group keeps
-                          caps=None)->list: # per-layer maximums
+                          caps=None, # per-layer maximums
+)->list:
     "SqueezeAttention's schedule from the paper's signal: 3 KMeans groups, budget moved from the highest-cosine group."
     cos = [_check_real(f"cosines[{i}]", c, -1.0, 1.0) for i, c in enumerate(cosines)]
     n_sink = _check_int("n_sink", n_sink, 0)
@@ -264,7 +265,8 @@ def window_split_budgets(n_layers:int, # attention layers
                          avg_budget:int, # mean budget per layer: the total is n_layers * avg_budget
                          n_sink:int, # the floor is n_sink + 1
                          caps:list, # per-layer window (None for a global layer)
-                         window_budget:int)->list: # tokens per windowed layer
+                         window_budget:int, # tokens per windowed layer
+)->list:
     "Exact budgets with the windowed layers at `window_budget` and the global layers sharing the rest."
     total, floor = n_layers * avg_budget, n_sink + 1
     fixed = {i: max(floor, min(window_budget, c)) for i, c in enumerate(caps) if c is not None}

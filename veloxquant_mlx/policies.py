@@ -161,7 +161,8 @@ class ChunkKV(ObservationWindow):
 
 # %% ../nbs/02a_policies.ipynb #5c4dd591
 def make_policy(name:str, # a key of `POLICIES`
-                **params)->Policy: # the policy's parameters
+                **params, # the policy's parameters
+)->Policy:
     "The policy called `name` with `params` (a clear error for an unknown name or parameter)."
     if name not in POLICIES: raise ValueError(f"`policy` must be one of {tuple(POLICIES)}, got {name!r}")
     cls = POLICIES[name]

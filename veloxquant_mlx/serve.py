@@ -105,7 +105,8 @@ def _swapped(obj, **attrs):
     finally:
         for k, v in old.items(): setattr(obj, k, v)
 
-def server_args(argv:list|tuple=())->argparse.Namespace: # mlx_lm.server options, e.g. ["--port", "8081"]
+def server_args(argv:list|tuple=(), # mlx_lm.server options, e.g. ["--port", "8081"]
+)->argparse.Namespace:
     "mlx-lm's server options as mlx-lm's own parser reads `argv` (its defaults for the rest)."
     got = {}
     def grab(host, port, provider, *a, **kw): got["args"] = provider

@@ -50,7 +50,8 @@ def pack_bits(ints:mx.array, # unsigned integers below 2**bits; last axis a mult
     return words.astype(mx.uint32).reshape(*lead, n * bits // 32)
 
 def affine_params(lo:mx.array, hi:mx.array, # each group's range [..., groups]
-                  bits:int, dtype)->tuple: # the stored dtype of scales and biases
+                  bits:int, dtype, # the stored dtype of scales and biases
+)->tuple:
     "(scales, biases) that map the integers 0..2**bits-1 onto [lo, hi]."
     return ((hi - lo) / (2 ** bits - 1)).astype(dtype), lo.astype(dtype)
 
@@ -749,7 +750,8 @@ STORAGES = {"group": GroupStorage, "kivi": KiviStorage}
 
 def make_storage(kv_bits:int|None=None, # bits per element (one of `KV_BITS`); None keeps the model's dtype
                  kv_group_size:int=64, # elements per scale and bias
-                 kv_scheme:str="group")->Storage: # "group" (mlx-lm's layout) or "kivi"
+                 kv_scheme:str="group", # "group" (mlx-lm's layout) or "kivi"
+)->Storage:
     "A fresh storage for one layer."
     check_kv_format(kv_bits, kv_group_size, kv_scheme)
     return FloatStorage() if kv_bits is None else STORAGES[kv_scheme](kv_bits, kv_group_size)

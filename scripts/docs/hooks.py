@@ -9,8 +9,8 @@ Only what the libraries do not do is here:
   to MathML right there (latex2mathml), so a formula stays where the parser found it and no script is needed;
 - `on_page_content`: the page outline from its headings (unique ids; `show_doc` entries included), mkdocs-jupyter's
   inline CSS moved into one shared file, its MathJax loader dropped, kernel-free widgets wired to their script;
-- `on_post_build`: links to `page.html#anchor` whose anchor does not exist are pointed at the right entry, and
-  nothing may reference the internet.
+- `on_post_build`: links to `page.html#anchor` must reach an element (nbdev's bare method anchors are pointed at the
+  entry; any other missing anchor fails the build), every image has alt text, and nothing may reference the internet.
 """
 from __future__ import annotations
 
@@ -153,6 +153,7 @@ def on_post_build(config):
         (site/'assets'/'jupyter'/'notebook.css').write_text(_state['css'].replace('.highlight ', '.highlight-ipynb '))
     fix_anchors(site)
     check_offline(site)
+    check_alt_text(site)
     shutil.rmtree(_state.get('out', ''), ignore_errors=True)
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -162,23 +163,42 @@ _re_id = re.compile(r'\sid="([^"]+)"')
 _re_href = re.compile(r'href="([\w./-]+\.html)#([^"]+)"')
 
 def fix_anchors(site: Path):
-    """nbdev links a symbol to `page.html#name` as its module index says; point such a link at the entry the page
-    really has (`#h2ocache.trim` for `#trim`), the API page's entry, or the page itself."""
+    """Every `page.html#anchor` link must reach an element of that page. nbdev's module index names a method by its bare
+    name (`#trim`): such a link is pointed at the page's one entry that ends with it (`#h2ocache.trim`), and a name
+    documented only on the API page at that entry. Anything else (a member entry that does not exist above all) fails
+    the build with the list, instead of quietly becoming a link to the top of the page."""
     ids = {p.relative_to(site).as_posix(): set(_re_id.findall(p.read_text())) for p in site.rglob('*.html')}
+    broken = []
     def fix(src, m):
         target = os.path.normpath(os.path.join(os.path.dirname(src), m.group(1))).replace(os.sep, '/')
         frag = m.group(2)
         have = ids.get(target)
         if have is None or frag in have: return m.group(0)
         ends = [i for i in have if i.endswith('.' + frag)]
-        if len(ends) == 1: return f'href="{m.group(1)}#{ends[0]}"'
-        if frag in ids.get('api.html', ()): return f'href="{os.path.relpath("api.html", os.path.dirname(src) or ".")}#{frag}"'
-        return f'href="{m.group(1)}"'
+        if '.' not in frag and len(ends) == 1: return f'href="{m.group(1)}#{ends[0]}"'
+        if '.' not in frag and frag in ids.get('api.html', ()): return f'href="{os.path.relpath("api.html", os.path.dirname(src) or ".")}#{frag}"'
+        broken.append(f'{src}: {m.group(1)}#{frag}')
+        return m.group(0)
     for rel in ids:
         p = site/rel
         text = p.read_text()
         new = _re_href.sub(lambda m: fix(rel, m), text)
         if new != text: p.write_text(new)
+    if broken:
+        broken = sorted(set(broken))
+        raise SystemExit(f'{len(broken)} links to an anchor that does not exist (a member without its entry?):\n  '
+                         + '\n  '.join(broken[:60]))
+
+def check_alt_text(site: Path):
+    "Every image on a page says what it shows: an `alt` that is not empty nor nbconvert's placeholder."
+    bad = []
+    for f in site.glob('*.html'):
+        for tag in re.findall(r'<img\b[^>]*>', f.read_text()):
+            alt = re.search(r'\salt="([^"]*)"', tag)
+            if not alt or not alt.group(1).strip() or alt.group(1).startswith('No description has been provided'):
+                bad.append(f'{f.name}: {tag[:100]}')
+    if bad: raise SystemExit('images without alt text (Markdown: ![what it shows](file); a cell: `#| fig-alt: ...`):\n  '
+                             + '\n  '.join(bad[:20]))
 
 def check_offline(site: Path):
     "Nothing the browser loads may come from the internet (links to other sites are fine)."

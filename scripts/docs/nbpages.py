@@ -5,11 +5,14 @@ and `#| export` cells go, `show_doc` cells are added after exported definitions,
 nbdev's `exec_show_docs` (which runs the notebook's exported code in a kernel) is replaced by `render_docs`:
 
 - `show_doc(...)` cells are rendered from the imported package with `showdoc.DocEntry` (one entry per symbol and
-  page) and become Markdown cells, so their headings are part of the page outline;
+  page) and become Markdown cells, so their headings are part of the page outline; every member a class entry lists
+  (methods, properties, class methods) that the page documents nowhere else gets its own entry under the class;
 - `#| exec_doc` cells are run at build time in an execnb shell (cwd = the notebook's folder, the namespace of the
   notebook's module preloaded), so what they show is computed from the files of this checkout, not saved outputs.
 
-What is left for the site: Quarto's `#| include/echo/output: false`, `#| docs_widget: NAME` (the cell's ipywidget
+What is left for the site: Quarto's `#| include/echo/output: false` and `#| fig-alt: TEXT` (the alt text of the
+images a cell shows, one per image separated by " | "; an image output without one fails the build),
+`#| docs_widget: NAME` (the cell's ipywidget
 is replaced on the site by `assets/widgets/NAME.js`, a kernel-free version of it), links between notebooks
 (`x.ipynb` -> `x.html`) and to the published site (made relative). Every other output is the one saved in
 the notebook; mkdocs-jupyter turns the result into HTML.
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 
-from showdoc import DocEntry, Sources, unwrap, use_renderer
+from showdoc import DocEntry, Sources, member_names, unwrap, use_renderer
 
 WIDGET_VIEW = 'application/vnd.jupyter.widget-view+json'
 _re_dir = re.compile(r'^\s*#\|\s*([\w-]+)\s*:?\s*(.*?)\s*$')
@@ -105,7 +108,7 @@ def make_render_docs(ctx: Context, page: str):
                 if c is not None: out.append(c)
             self.nb.cells[:] = out
             self.ns = ctx.namespace(_default_exp(self.nb))
-            self.shell, self.seen = None, set()
+            self.shell, self.seen, self.entry_cells = None, set(), []
             self.nb_dir = Path(self.nb.path_).parent
 
         def _shell(self):
@@ -132,9 +135,26 @@ def make_render_docs(ctx: Context, page: str):
                 if key is not None:
                     if any(key is k for k in self.seen): continue   # documented once per page
                     self.seen.add(key)
-                parts.append(entry._repr_markdown_())
-            cell.cell_type, cell.source = 'markdown', '\n\n'.join(parts)
+                parts.append(entry)
+            cell.cell_type, cell.source = 'markdown', '\n\n'.join(e._repr_markdown_() for e in parts)
             for k in ('outputs', 'execution_count'): cell.pop(k, None)
+            self.entry_cells.append((cell, parts))
+
+        def end(self):
+            "Every member a class entry lists gets an entry: those documented nowhere else on the page go under the class."
+            here = f'{page}.html'
+            for cell, parts in self.entry_cells:
+                out = []
+                for e in parts:
+                    out.append(e._repr_markdown_())
+                    if e.kind not in ('class', 'dataclass'): continue
+                    for _, raw in member_names(e.sym):
+                        if (DocEntry.page_of(raw) or here) != here: continue
+                        m = DocEntry(raw, title_level=e.level + 1)
+                        if any(m.key is k for k in self.seen): continue
+                        self.seen.add(m.key)
+                        out.append(m._repr_markdown_())
+                cell.source = '\n\n'.join(out)
 
         def exec_doc(self, cell):
             sh, cwd = self._shell(), os.getcwd()
@@ -203,9 +223,18 @@ def finish(nb, title: str, description: str, nb_rel: Path, links: Links) -> tupl
         outs = [] if d.get('output') == 'false' else [copy.deepcopy(dict(o)) for o in c.get('outputs', [])]
         if d.get('docs_widget'):   # the widget's kernel-free version replaces whatever the cell showed
             outs = [o for o in outs if WIDGET_VIEW in (o.get('data') or {})][:1] or [{'data': {WIDGET_VIEW: {}}}]
-        new_outs = []
+        new_outs, alts = [], [a.strip() for a in d.get('fig-alt', '').split(' | ') if a.strip()]
         for o in outs:
             data = o.get('data') or {}
+            img = next((k for k in ('image/png', 'image/jpeg') if k in data), None)
+            if img and WIDGET_VIEW not in data:   # a figure: shown with the alt text its cell gives (`#| fig-alt:`)
+                if not alts: raise ValueError(f'{nb_rel}: a cell shows an image without alt text: give it `#| fig-alt: ` '
+                                              f'(one text per image, separated by " | ")\n{src[:300]}')
+                alt = alts.pop(0) if len(alts) > 1 else alts[0]
+                b64 = ''.join(data[img]) if isinstance(data[img], list) else data[img]
+                o = nbformat.v4.new_output('display_data', data={'text/html':
+                    f'<img class="vq-figure" src="data:{img};base64,{b64.strip()}" alt="{html.escape(alt)}">'})
+                new_outs.append(o); continue
             if WIDGET_VIEW in data:
                 if d.get('docs_widget'):
                     name = re.sub(r'[^\w-]', '', d['docs_widget'])

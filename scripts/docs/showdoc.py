@@ -8,7 +8,7 @@ nbdev's `BasicMarkdownRenderer` names a symbol by its `__qualname__` and takes t
 - labels properties, classmethods and staticmethods, and never shows a repr (`<property object at 0x...>`);
 - shows the signature (without `self`/`cls`), the symbol's own docstring (inherited from the overridden member for
   an override, nothing when there is none), and a parameter table from fastcore's `docments` (the trailing
-  `# comments` of the parameters) when any parameter carries one;
+  `# comments` of the parameters) whenever it has parameters;
 - links [source] to `git_url` (settings.ini), file and line;
 - lists a class's own members with links to their entries.
 
@@ -126,13 +126,13 @@ def _md_cell(s) -> str:
 
 def docments_table(fn, drop_first: bool, is_class: bool = False) -> str:
     """A Markdown parameter table: types and defaults from the signature, details from fastcore's `docments` (the
-    parameters' trailing comments); only when some parameter carries a comment."""
+    parameters' trailing comments); whenever there is a parameter (or a documented return value)."""
     from fastcore.docments import docments
     try: dm = docments(fn, full=False)
     except Exception: return ''
     params, ret = _params(fn, drop_first=drop_first and not is_class)
     if params is None: return ''
-    if not any(dm.get(p.name) for p in params) and not dm.get('return'): return ''
+    if not params and not dm.get('return'): return ''
     rows = ['| | Type | Default | Details |', '|---|---|---|---|']
     for p in params:
         name = ('*' if p.kind == p.VAR_POSITIONAL else '**' if p.kind == p.VAR_KEYWORD else '') + p.name
@@ -162,9 +162,10 @@ def anchor(name: str) -> str:
 
 def member_names(cls) -> list:
     "A class's own public members (methods, properties, class/static methods), in definition order."
-    out = []
+    out, fields = [], getattr(cls, '__dataclass_fields__', {})
     for k, v in vars(cls).items():
         if k.startswith('_') and k != '__call__': continue
+        if k in fields: continue   # a dataclass field (a default that is a function): the class's parameter table has it
         if isinstance(v, (property, classmethod, staticmethod)) or inspect.isfunction(v) or _is_patch_clsmethod(v): out.append((k, v))
     return out
 

@@ -233,9 +233,9 @@
     return out;
   }
 
-  function panel(svg, x0, w, h, budgets, p, title, color, ymax, concentrations) {
+  function panel(svg, x0, y0, w, h, budgets, p, title, color, ymax, concentrations) {
     const m = { l: 52, r: concentrations ? 46 : 10, t: 24, b: 34 };
-    const g = el('g', { transform: `translate(${x0},0)` }, svg);
+    const g = el('g', { transform: `translate(${x0},${y0})` }, svg);
     const pw = w - m.l - m.r, ph = h - m.t - m.b, n = budgets.length;
     const X = (i) => m.l + (i + 0.5) * (pw / n), Y = (v) => m.t + ph - (v / ymax) * ph, bw = Math.max(1, (pw / n) * 0.8);
     el('text', { x: m.l + pw / 2, y: 15, 'text-anchor': 'middle', class: 'vq-title' }, g, title);
@@ -277,12 +277,18 @@
       const pre = document.createElement('pre'); pre.className = 'vq-error';
       pre.textContent = `${e.name || 'Error'}: ${e.message}`; out.appendChild(pre); return;
     }
-    const w = Math.max(480, out.clientWidth || 800), h = Math.round(Math.min(360, w * 0.36));
+    // side by side where there is room; on a phone one panel under the other, each the full width, so the text
+    // keeps its size instead of shrinking with the picture
+    const avail = out.clientWidth || 800, stacked = avail < 640;
+    const w = stacked ? Math.max(300, avail) : avail, pw = stacked ? w : w / 2;
+    const ph = stacked ? Math.round(Math.min(300, pw * 0.75)) : Math.round(Math.min(360, w * 0.36));
+    const h = stacked ? 2 * ph + 12 : ph;
     const svg = el('svg', { width: w, height: h, viewBox: `0 0 ${w} ${h}`, class: 'vq-plot', role: 'img',
       'aria-label': `PyramidKV and SqueezeAttention budgets for ${p.n_layers} layers` });
     const ymax = 1.5 * Math.max(...s.pyramid, ...s.squeeze);
-    panel(svg, 0, w / 2, h, s.pyramid, p, `PyramidKV, beta=${fmtG(p.beta)}`, '#1f77b4', ymax, null);
-    panel(svg, w / 2, w / 2, h, s.squeeze, p, `SqueezeAttention, strength=${fmtG(p.strength)}`, '#ff7f0e', ymax, s.concentrations);
+    panel(svg, 0, 0, pw, ph, s.pyramid, p, `PyramidKV, beta=${fmtG(p.beta)}`, '#1f77b4', ymax, null);
+    panel(svg, stacked ? 0 : pw, stacked ? ph + 12 : 0, pw, ph, s.squeeze, p, `SqueezeAttention, strength=${fmtG(p.strength)}`,
+          '#ff7f0e', ymax, s.concentrations);
     out.appendChild(svg);
   }
 
