@@ -131,6 +131,12 @@ def merge(cls:BatchEvictingCache, caches:list): # one layer of each request: one
         if layers is not None and layers.get(c.layer_idx) is c: layers[c.layer_idx] = r
     return cls(rows)
 
+# %% ../nbs/03b_batch.ipynb #7514d390
+@patch(cls_method=True)
+def merge(cls:EvictingCache, caches:list): # one layer of each request
+    "mlx-lm's batch of one-sequence layers: a `BatchEvictingCache` whose rows keep their own policy."
+    return BatchEvictingCache.merge(caches)
+
 # %% ../nbs/03b_batch.ipynb #b3b00012
 @patch(as_prop=True)
 def offset(self:BatchEvictingCache):

@@ -574,12 +574,6 @@ def trim(self:EvictingCache, n:int)->int:
     self.offset -= n
     return n
 
-@patch(cls_method=True)
-def merge(cls:EvictingCache, caches):
-    "mlx-lm's batch of one-sequence layers: a `BatchEvictingCache` (notebook 03b) whose rows keep their own policy."
-    from veloxquant_mlx.batch import BatchEvictingCache    # imported here: the batch module builds on this one
-    return BatchEvictingCache.merge(caches)
-
 # %% ../nbs/03_cache.ipynb #0325a391
 @patch(as_prop=True)
 def wants_hidden(self:EvictingCache)->bool:
