@@ -8,23 +8,14 @@ import copy, copyreg, math
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import visible, eviction_priority, scatter_slot
-from .policies import KeyProxy, View
+from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
 from .cache import EvictingCache, _EMPTY_POS, _ORIGINAL_SDPA, hook_installed
 
 # %% auto #0
-__all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'rows_proxy_mass', 'BatchEvictingCache', 'greedy_alone',
-           'greedy_batched', 'check_batch_layer']
+__all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
+           'check_batch_layer']
 
 # %% ../nbs/03b_batch.ipynb #b3b00007
-def _row_get(r:EvictingCache)->tuple:
-    "A float row's (keys, values, positions, scores): its storage's buffers and its own bookkeeping."
-    return r.store.keys, r.store.values, r.positions, r.scores
-
-def _row_set(r:EvictingCache, arrs:tuple):
-    "Give a float row its (keys, values, positions, scores) (all None: the batch holds them, packed)."
-    r.store.keys, r.store.values, r.positions, r.scores = arrs
-
 def _dtype_named(name:str): return getattr(mx, name)
 
 def _same_dtype(d): # an `mx.Dtype` (a quantized storage records one)
@@ -78,10 +69,6 @@ def rows_attention_with_mass(queries, keys, values, positions, qpos, scale, wind
     out = (w @ values.astype(mx.float32)).reshape(B, Hq, 1, values.shape[-1])
     return out.astype(values.dtype), w.sum(axis=2)
 
-def rows_proxy_mass(keys, positions, new_keys, qpos, window=None):
-    "Key-as-query mass `[B, H, L]`: each row's newest key (per KV head) stands in for its query."
-    return row_weights(new_keys, keys, positions, qpos, 1.0 / math.sqrt(keys.shape[-1]), window).sum(axis=2)
-
 # %% ../nbs/03b_batch.ipynb #b3b0000d
 class BatchEvictingCache(_BaseCache):
     "One attention layer for a batch of independent sequences, each row an `EvictingCache` (mlx-lm's batch protocol)."
@@ -131,7 +118,7 @@ def merge(cls:BatchEvictingCache, caches:list): # one layer of each request: one
         if layers is not None and layers.get(c.layer_idx) is c: layers[c.layer_idx] = r
     return cls(rows)
 
-# %% ../nbs/03b_batch.ipynb #7514d390
+# %% ../nbs/03b_batch.ipynb #87b20e3d
 @patch(cls_method=True)
 def merge(cls:EvictingCache, caches:list): # one layer of each request
     "mlx-lm's batch of one-sequence layers: a `BatchEvictingCache` whose rows keep their own policy."
@@ -300,13 +287,11 @@ def _pack(self:BatchEvictingCache):
     "Move the rows' arrays into batched buffers (row b in slots [0, count_b)); the rows keep only their metadata."
     rows, e = self.rows, self._extra()
     L = min(max(r.budget + e for r in rows), self._width_needed())
-    per = [self._pad_to(tuple(a[:, :, :r.count] for a in _row_get(r)), L) for r in rows]
+    given = [r.hand_over() for r in rows]
+    per = [self._pad_to(held, L) for held, _ in given]
     self._packed = tuple(mx.concatenate([p[i] for p in per], axis=0) for i in range(4))
     w = max(r.policy.obs_window for r in rows)
-    self._obs = self._pack_obs([r._obs_q for r in rows], w) if w else None
-    for r in rows:
-        _row_set(r, (None,) * 4)
-        r._obs_q = None
+    self._obs = self._pack_obs([obs for _, obs in given], w) if w else None
 
 @patch
 def _obs_row(self:BatchEvictingCache, b:int):
@@ -325,9 +310,7 @@ def _row_arrays(self:BatchEvictingCache, b:int)->tuple:
 @patch
 def _unpack(self:BatchEvictingCache):
     "Give every row its arrays back (before a row-by-row pass)."
-    for b, r in enumerate(self.rows):
-        _row_set(r, self._row_arrays(b))
-        r._obs_q = self._obs_row(b)
+    for b, r in enumerate(self.rows): r.take_back(self._row_arrays(b), self._obs_row(b))
     self._packed = self._obs = None
 
 @patch
@@ -342,30 +325,20 @@ def _ensure_width(self:BatchEvictingCache):
 # %% ../nbs/03b_batch.ipynb #b3b0001f
 @patch
 def _fast_update(self:BatchEvictingCache, keys, values):
-    "One token per row, all rows at once; returns the packed buffers (what every row attends over)."
+    "One token per row, all rows at once: `decode_step` with B = n; returns the packed buffers every row attends over."
     if self._packed is None: self._pack()
     self._ensure_width()
     K, V, P, S = self._packed
     rows, p, r0 = self.rows, self.rows[0].policy, self.rows[0]
-    B, H = keys.shape[:2]
     room = [r.count < r.budget for r in rows]
+    free = [x or p.evict_after for x in room]                 # TOVA attends over budget + 1 first, then drops one
     start = mx.array([r.offset for r in rows], mx.int32)
-    slot = mx.broadcast_to(mx.array([r.count for r in rows], mx.int32)[:, None], (B, H))
-    if not p.evict_after:
-        nxt = start[:, None, None]
-        recent = mx.array([r.recent for r in rows], mx.int32)[:, None, None]
-        victim = mx.argmin(eviction_priority(p.score(View(S, P, nxt)), P, r0.n_sink, nxt, r0.window, recent), axis=-1)
-        slot = mx.where(mx.array(room)[:, None], slot, victim.astype(mx.int32))
-    K, V = scatter_slot(K, slot, keys), scatter_slot(V, slot, values)
-    P = scatter_slot(P, slot, mx.broadcast_to(start[:, None, None], (B, H, 1)))
-    S = scatter_slot(S, slot, mx.zeros((B, H, 1), mx.float32))
-    if isinstance(p, KeyProxy): S = S + rows_proxy_mass(K, P, keys, start, r0.window)
-    for r, rm in zip(rows, room):
-        r.offset += 1
-        r.count += rm
-        if not (rm or p.evict_after): r.evicted, r._contiguous = True, False     # a slot changed hands
-    self._packed, self._step = (K, V, P, S), (start, [not x for x in room])
-    return K, V
+    recent = mx.array([r.recent for r in rows], mx.int32)[:, None, None]
+    held = HeldArrays(K, V)
+    P, S = decode_step(held, P, S, keys, values, start, [r.count for r in rows], free, p, r0.n_sink, r0.window, recent)
+    for r, x in zip(rows, free): r.advance(1, r.count < r.budget, not x)   # the row counts; the batch holds the arrays
+    self._packed, self._step = (held.keys, held.values, P, S), (start, [not x for x in room])
+    return held.keys, held.values
 
 # %% ../nbs/03b_batch.ipynb #b3b00021
 @patch
@@ -421,7 +394,7 @@ def _drop_one(self:BatchEvictingCache, queries, arrs:tuple, start, full:list, sc
     K, V, P, S = (scatter_slot(a, to, take(a)) for a in (K, V, P, S))
     gone = isfull & (mx.arange(L)[None, None] == last[..., None])
     for r, f in zip(rows, full):
-        if f: r.evicted, r._contiguous = True, False
+        if f: r.advance(0, False, True)
     return K, V, mx.where(gone, _EMPTY_POS, P), mx.where(gone, 0.0, S)
 
 # %% ../nbs/03b_batch.ipynb #b3b00027
@@ -475,9 +448,8 @@ def extract(self:BatchEvictingCache, idx:int)->EvictingCache:
     r = self.rows[idx]
     if self._packed is None: return clone_row(r)
     row = copy.copy(r)
-    row.store = copy.copy(r.store)
-    _row_set(row, self._row_arrays(idx))
-    row._obs_q, row.info = self._obs_row(idx), dict(r.info)
+    row.store, row.info = copy.copy(r.store), dict(r.info)
+    row.take_back(self._row_arrays(idx), self._obs_row(idx))
     return row
 
 # %% ../nbs/03b_batch.ipynb #b3b0002a

@@ -10,8 +10,8 @@ import mlx_lm.models.base as mlx_base
 import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import check_kv, visible, proxy_mass, eviction_priority, scatter_slot
-from .policies import (Policy, View, KeyProxy, CumulativeAttention, ObservationWindow, make_policy,
+from .h2o import check_kv, visible, decode_step, View
+from .policies import (Policy, KeyProxy, CumulativeAttention, ObservationWindow, make_policy,
                                      _check_int)
 from .proxy import layer_concentration
 from .storage import Storage, FloatStorage, storage_from_meta
@@ -150,22 +150,10 @@ def _settle(self:EvictingCache):
     if not self.deferring: self.store.settle()
 
 @patch
-def _key_mass(self:EvictingCache, query_keys, qpos):
-    "Key-as-query mass `query_keys` `[B, H, Q, D]` at positions `qpos` give every slot (the proxy policy's score)."
-    if not self.store.quantized: return proxy_mass(self.store.keys, self.positions, query_keys, qpos, self.window)
-    keys = self.store.view(self.count)[0]
-    scale = 1.0 / math.sqrt(query_keys.shape[-1])
-    mass = self.store.query_mass(query_keys, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
-    return self._add_scores(self.scores, mass)
-
-@patch
-def _observe_keys(self:EvictingCache, scores, new_keys, new_pos):
-    "The policy's running score after `new_keys` arrive (on quantized storage the proxy reads the stored form)."
-    if not self.store.quantized:
-        return self.policy.observe_keys(scores, self.store.keys, self.positions, new_keys, new_pos, self.window)
-    if isinstance(self.policy, KeyProxy): return scores + self._key_mass(new_keys, new_pos)
-    return self.policy.observe_keys(scores, self.store.view(self.count)[0], self.positions, new_keys, new_pos,
-                                    self.window)
+def _on_keys(self:EvictingCache, new_keys, qpos, sign:float=1.0):
+    "The policy's phase for keys `[B, H, Q, D]` at `qpos` arriving (`sign=-1`: taken back); the storage gives the mass."
+    mass = lambda: self.store.key_mass(self.positions, new_keys, qpos, self.window, self.count)
+    self.scores = self.policy.on_keys(self.scores, mass if sign > 0 else lambda: -mass())
 
 @patch
 def _check_hook(self:EvictingCache):
@@ -202,8 +190,8 @@ def update_and_fetch(self:EvictingCache, keys, values):
     if self._prompt_end: self._end_of_prompt(start + 1)
     self.offset += N
     if N == 1 and not self.store.empty():
-        if self.budget is None or self.count < self.budget: return self._update_in_place(keys, values, start)
-        if not self._prompt_end and not self.policy.evict_after: return self._update_evict_slot(keys, values, start)
+        room = self.budget is None or self.count < self.budget
+        if room or not (self._prompt_end or self.policy.evict_after): return self._update_decode(keys, values, start, room)
     return self._update_concat(keys, values, start)
 
 # %% ../nbs/03_cache.ipynb #1eaa91d5
@@ -231,37 +219,25 @@ def _grow(self:EvictingCache, n_new:int):
     self.scores = pad(self.scores, 0, mx.float32)
 
 @patch
-def _update_in_place(self:EvictingCache, keys, values, start:int):
-    "One token and room left: write it at slot `count`; return the held tokens."
-    self._grow(1)
-    i = self.count
-    self.store.write(i, keys, values)
-    self.positions[:, :, i:i + 1] = start
-    self.scores[:, :, i:i + 1] = 0.0
-    self.count += 1
-    self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
+def _update_decode(self:EvictingCache, keys, values, start:int, room:bool):
+    "One token: `decode_step` with B = 1 (its free slot while there is room, else its victim's); the held tokens."
+    if room: self._grow(1)
+    self.positions, self.scores = decode_step(self.store, self.positions, self.scores, keys, values,
+                                              mx.array([start], mx.int32), [self.count], [room], self.policy,
+                                              self.n_sink, self.window, self.recent)
+    self.advance(0, room, not room)                      # `update_and_fetch` has counted the token seen
     self._attn_pos = self.positions[:, :, :self.count] if self.count < self.positions.shape[2] else self.positions
     kv = self.store.view(self.count)
-    self._settle()
+    if room: self._settle()
     return kv
 
 @patch
-def _update_evict_slot(self:EvictingCache, keys, values, start:int):
-    "One token and a full layer: the lowest-priority token's slot takes the newcomer; return the whole buffer."
-    rank = self.policy.score(View(self.scores, self.positions, start))
-    victim = mx.argmin(eviction_priority(rank, self.positions, self.n_sink, start, self.window, self.recent), axis=-1)
-    order = self.store.replace(victim, keys, values)
-    new_pos, zero = mx.full(victim.shape + (1,), start, mx.int32), mx.zeros(victim.shape + (1,), mx.float32)
-    if order is None:                                    # the newcomer took the victim's slot
-        self.positions = scatter_slot(self.positions, victim, new_pos)
-        self.scores = scatter_slot(self.scores, victim, zero)
-    else:                                                # the storage moved tokens: positions and scores follow
-        follow = lambda a, new: mx.take_along_axis(mx.concatenate([a[:, :, :self.count], new], axis=2), order, axis=2)
-        self.positions, self.scores = follow(self.positions, new_pos), follow(self.scores, zero)
-    self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
-    self.evicted, self._contiguous = True, False
-    self._attn_pos = self.positions
-    return self.store.view(self.count)
+def advance(self:EvictingCache, seen:int=1, # tokens more seen (the offset)
+            grew:bool=False, # one more token held (it took a free slot)
+            evicted:bool=False): # a held token gave up its slot
+    "Count a decoding step (one of a batch's vectorised steps too: the batch holds the arrays, the row counts)."
+    self.offset, self.count = self.offset + seen, self.count + int(grew)
+    if evicted: self.evicted, self._contiguous = True, False
 
 # %% ../nbs/03_cache.ipynb #dde5fb2f
 @patch
@@ -287,7 +263,7 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     self.store.append(keys, values)
     self.positions, self.scores = cand
     self.count, self._attn_pos = cand[0].shape[2], cand[0]
-    self.scores = self._observe_keys(self.scores, keys, new_pos)
+    self._on_keys(keys, new_pos)
     kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
     elif self._select_due(): self._select(start + N)
@@ -333,7 +309,7 @@ def end_prompt(self:EvictingCache):
         q, qpos, scale = self._obs_q
         keys = self.store.view(self.count)[0]
         obs = self.store.query_mass(q, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
-        self.scores = self.policy.observe_window(self.scores[:, :, :self.count], obs)
+        self.scores = self.policy.on_window(self.scores[:, :, :self.count], obs)
     elif self.policy.obs_window: raise RuntimeError("end_prompt(): no queries seen yet (the attention hook is needed)")
     if self._select_due(): self._select(self.offset)
 
@@ -437,7 +413,7 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     if window_due:
         q, oqpos, _ = self._obs_q
         obs = self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window)
-        self.scores = p.observe_window(self.scores, self._add_scores(self.scores, obs))
+        self.scores = p.on_window(self.scores, self._add_scores(self.scores, obs))
     self._prompt_end = False
     if self._pending:
         self._pending = False
@@ -563,9 +539,8 @@ def trim(self:EvictingCache, n:int)->int:
     n = min(self.count, n)
     if not n: return 0
     keep = self.count - n
-    if isinstance(self.policy, KeyProxy) and keep:   # take back the mass the trimmed keys gave, as if they never came
-        qpos = mx.arange(keep, self.count, dtype=mx.int32)
-        self.scores = self.scores - self._key_mass(self.store.key_rows(keep, self.count), qpos)
+    if keep:                       # take back the mass the trimmed keys gave (the proxy's), as if they never came
+        self._on_keys(self.store.key_rows(keep, self.count), mx.arange(keep, self.count, dtype=mx.int32), sign=-1)
     free = mx.arange(self.positions.shape[2]) >= keep
     self.positions = mx.where(free, _EMPTY_POS, self.positions)
     self.scores = mx.where(free, 0.0, self.scores)
@@ -573,6 +548,24 @@ def trim(self:EvictingCache, n:int)->int:
     self.count -= n
     self.offset -= n
     return n
+
+# %% ../nbs/03_cache.ipynb #512e1fb3
+@patch
+def hand_over(self:EvictingCache)->tuple:
+    "Give up the held arrays: ((keys, values, positions, scores) of the held slots, the remembered queries)."
+    k, v = self.store.view(self.count)
+    held = (k, v, self.positions[:, :, :self.count], self.scores[:, :, :self.count])
+    obs, self._obs_q, self.positions, self.scores = self._obs_q, None, None, None
+    self.store.reset()
+    return held, obs
+
+@patch
+def take_back(self:EvictingCache, held:tuple, # (keys, values, positions, scores)
+              obs:tuple|None=None): # the remembered (queries, positions, scale), or None
+    "Hold `held` and the remembered queries `obs` again (what `hand_over` gave, after a batch's steps)."
+    self.store.set_state(*held[:2])
+    self.positions, self.scores = held[2:]
+    self._obs_q = obs
 
 # %% ../nbs/03_cache.ipynb #0325a391
 @patch(as_prop=True)

@@ -11,17 +11,11 @@ import mlx.core as mx
 from .h2o import eviction_priority, topk_keep, chunk_priority, pool_mass
 
 # %% auto #0
-__all__ = ['POLICIES', 'View', 'Policy', 'KeyProxy', 'CumulativeAttention', 'ObservationWindow', 'LastQuery', 'Recency',
-           'ChunkKV', 'make_policy']
+__all__ = ['POLICIES', 'Policy', 'KeyProxy', 'CumulativeAttention', 'ObservationWindow', 'LastQuery', 'Recency', 'ChunkKV',
+           'make_policy']
 
 # %% ../nbs/02a_policies.ipynb #7a991fac
-@dataclass
-class View:
-    "What a policy sees when it scores the tokens a layer holds (all `[B, H, L]`)."
-    scores:mx.array # the running score of every held token (float32)
-    positions:mx.array # their absolute positions (int32)
-    next_pos:int # position of the next query (the first token after those held)
-    obs_mass:mx.array|None = None # mass the observation window's queries gave each token (at a prompt's end)
+from .h2o import View   # what a policy sees (notebook 02: the decoding step builds it too)
 
 # %% ../nbs/02a_policies.ipynb #673b36ba
 POLICIES = {}  # policy name -> class: every subclass of `Policy` with a `name` of its own, in definition order
@@ -40,7 +34,7 @@ class Policy:
     name:ClassVar[str] = "policy" # the policy's short name (also what a saved state records)
     needs_queries:ClassVar[bool] = False # True: scores come from the model's queries (needs the attention hook)
     evict_after:ClassVar[bool] = False # decode: attend over budget + 1 first, then drop one (TOVA); else replace first
-    obs_window:ClassVar[int] = 0 # last queries remembered for `observe_window` (a field in policies that use it)
+    obs_window:ClassVar[int] = 0 # last queries remembered for `on_window` (a field in policies that use it)
 
     def __post_init__(self): _check_int("chunk", self.chunk, 1)
 
@@ -53,11 +47,11 @@ class Policy:
         "Should this forward pass's attention mass be added to the running score? (`decode`: a one-token step)"
         return False
 
-    def observe_keys(self, scores, keys, positions, new_keys, new_pos, window)->mx.array:
-        "The running score after new keys arrive (`[B, H, L]`); only the key-as-query proxy uses the keys."
+    def on_keys(self, scores:mx.array, key_mass)->mx.array:
+        "Phase: new keys arrived; the running score `[B, H, L]` (`key_mass()`: their key-as-query mass, computed if asked)."
         return scores
 
-    def observe_window(self, scores:mx.array, obs_mass:mx.array)->mx.array:
+    def on_window(self, scores:mx.array, obs_mass:mx.array)->mx.array:
         "The running score after the observation window's mass is measured at a prompt's end (default: unchanged)."
         return scores
 
@@ -82,15 +76,13 @@ class Policy:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 # %% ../nbs/02a_policies.ipynb #4a9ad5af
-from .h2o import proxy_mass
-
 @dataclass
 class KeyProxy(Policy):
     "H2O scored by the key-as-query proxy: each new key's softmax over what it sees accumulates (no queries needed)."
     name:ClassVar[str] = "key_proxy"
-    def observe_keys(self, scores, keys, positions, new_keys, new_pos, window):
+    def on_keys(self, scores, key_mass):
         "Add the new keys' key-as-query mass over the candidates."
-        return scores + proxy_mass(keys, positions, new_keys, new_pos, window)
+        return scores + key_mass()
 
 # %% ../nbs/02a_policies.ipynb #40d5a219
 @dataclass
@@ -121,7 +113,7 @@ class ObservationWindow(Policy):
         "Decoding steps accumulate their mass (to evict one token per step); prompt chunks do not."
         return decode
 
-    def observe_window(self, scores, obs_mass):
+    def on_window(self, scores, obs_mass):
         "Add the pooled mass of the observation window."
         return scores + pool_mass(obs_mass, self.kernel, self.pool)
 
@@ -139,7 +131,7 @@ class LastQuery(Policy):
     evict_after:ClassVar[bool] = True
     obs_window:ClassVar[int] = 1
 
-    def observe_window(self, scores, obs_mass):
+    def on_window(self, scores, obs_mass):
         "The current query's mass replaces whatever was there."
         return obs_mass
 

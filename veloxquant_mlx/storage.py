@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import mlx.core as mx
 from fastcore.basics import patch
-from .h2o import attention_with_mass, query_mass, scatter_slot, visible
+from .h2o import attention_with_mass, query_mass, scatter_slot, visible, HeldArrays
 
 # %% auto #0
 __all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'STORAGES', 'check_kv_format', 'pack_bits', 'affine_params',
@@ -117,11 +117,16 @@ class Storage:
     def key_rows(self, a:int, b:int)->mx.array:
         "The keys of slots `a..b-1` as floats `[B, H, b - a, D]`."
         raise NotImplementedError
+    def put(self, slot:mx.array, keys, values, at:int|None=None):
+        "A decoding step's newcomers into `slot` `[B, H]` (`at`: every row's one free slot); the new order, or None."
+        return self.replace(slot, keys, values) if at is None else self.write(at, keys, values)
+    def key_mass(self, positions, new_keys, qpos, window:int|None, count:int)->mx.array:
+        "Key-as-query mass `[B, H, L]` that `new_keys` at `qpos` give the first `count` slots (zero after them)."
+        raise NotImplementedError
 
 # %% ../nbs/03a_storage.ipynb #st000021
-class FloatStorage(Storage):
-    "Keys and values in the model's dtype, every operation as `EvictingCache` has always done it."
-    def __init__(self): self.keys = self.values = None
+class FloatStorage(HeldArrays, Storage):
+    "Keys and values in the model's dtype: `HeldArrays` (notebook 02) with the rest of the storage interface."
 
     def reset(self):
         "Hold nothing."
@@ -150,21 +155,10 @@ def grow(self:FloatStorage, count:int, new_cap:int):
     self.keys, self.values = pad(self.keys), pad(self.values)
 
 @patch
-def write(self:FloatStorage, i:int, keys, values):
-    "One token into slot `i`, in place."
-    self.keys[:, :, i:i + 1] = keys
-    self.values[:, :, i:i + 1] = values
-
-@patch
 def view(self:FloatStorage, count:int)->tuple:
     "The first `count` slots (the buffer itself when it is full)."
     if count < self.keys.shape[2]: return self.keys[:, :, :count], self.values[:, :, :count]
     return self.keys, self.values
-
-@patch
-def replace(self:FloatStorage, victim, keys, values):
-    "The newcomer into the victim's slot (a scatter, no host sync)."
-    self.keys, self.values = scatter_slot(self.keys, victim, keys), scatter_slot(self.values, victim, values)
 
 @patch
 def drop_front(self:FloatStorage, drop:int, count:int):
@@ -309,6 +303,14 @@ def attention(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, 
         out = self.mix(w, values)
         outs.append(out.reshape(B, Hq, -1, out.shape[-1]))
     return mx.concatenate(outs, axis=2).astype(self.dtype)
+
+@patch
+def key_mass(self:QuantizedStorage, positions, new_keys, qpos, window, count:int):
+    "Key-as-query mass over the stored form of the first `count` slots (one sequence: `qpos` the same for all rows)."
+    scale = 1.0 / math.sqrt(new_keys.shape[-1])
+    mass = self.query_mass(new_keys, self.view(count)[0], positions[:, :, :count], qpos.reshape(-1), scale, window)
+    L = positions.shape[-1]
+    return mass if L == count else mx.pad(mass, [(0, 0), (0, 0), (0, L - count)])
 
 @patch
 def query_mass(self:QuantizedStorage, queries, keys, key_pos, query_pos, scale, window=None, block:int=512):
