@@ -83,3 +83,58 @@ def test_each_module_imports_alone(name):
     r = subprocess.run([sys.executable, "-c", f"import veloxquant_mlx.{name}"], capture_output=True, text=True,
                        timeout=300, cwd=PKG.parent)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# --- declared seams -------------------------------------------------------------------------------------------------
+
+def _source(name: str) -> str:
+    return (PKG / f"{name}.py").read_text()
+
+
+def test_one_decode_step_for_one_row_and_many():
+    "The single layer and the batch both call `h2o.decode_step`; neither writes the newcomer's slot itself."
+    import re
+    for name in ("cache", "batch"):
+        assert re.search(r"\bdecode_step\(", _source(name)), f"{name} does not call decode_step"
+        assert "eviction_priority(" not in _source(name) or name == "batch", f"{name} ranks victims itself"
+
+
+def test_the_batch_writes_no_private_field_of_a_row():
+    import re
+    src = _source("batch")
+    bad = re.findall(r"\b(?:r|row|rows\[\w+\])\._\w+(?:\s*,\s*\w+(?:\.\w+)*)*\s*=(?!=)", src)
+    assert not bad, f"the batch writes a row's private fields: {bad}"
+
+
+def test_storage_declares_everything_the_cache_and_the_batch_use():
+    import re
+    from veloxquant_mlx.storage import Storage, FloatStorage, GroupStorage, KiviStorage
+    declared = set(dir(Storage)) | set(Storage.__annotations__)
+    used = {m for name in ("cache", "batch") for m in re.findall(r"\bstore\.(\w+)", _source(name))}
+    assert used, "the parser found no storage use"
+    assert used <= declared, f"used but not declared by Storage: {sorted(used - declared)}"
+    assert "quantized" not in used, "the cache branches on the storage's kind"
+    for cls in (FloatStorage, GroupStorage, KiviStorage):           # every declared method is implemented
+        for m in used - set(Storage.__annotations__) - {"needs_hook", "scheme"}:
+            assert getattr(cls, m) is not getattr(Storage, m) or m in ("check_count", "put", "settle", "truncate"), (cls, m)
+
+
+def test_one_coordinator_base_and_no_probing():
+    from veloxquant_mlx.coordinator import Coordinator, SqueezeCoordinator, PromptEndCoordinator
+    assert issubclass(SqueezeCoordinator, Coordinator) and issubclass(PromptEndCoordinator, Coordinator)
+    for name in ("cache", "batch"):
+        for probe in ("getattr(co", "hasattr(co", "getattr(coordinator", "hasattr(coordinator"):
+            assert probe not in _source(name), f"{name} probes the coordinator: {probe}"
+
+
+@pytest.mark.parametrize("kw,named", [(dict(policy=object()), "`policy`"), (dict(storage="float"), "`storage`"),
+                                      (dict(coordinator=object()), "`coordinator`")])
+def test_a_wrong_plug_in_fails_when_built(kw, named):
+    from veloxquant_mlx.cache import EvictingCache
+    with pytest.raises(TypeError, match=named): EvictingCache(8, **kw)
+
+
+def test_policy_phases_replace_the_kind_checks():
+    "No `isinstance(..., KeyProxy)` in the cache or the batch: the policy's `on_keys` phase decides."
+    for name in ("cache", "batch"): assert "isinstance(self.policy" not in _source(name)
+    for name in ("cache", "batch"): assert "KeyProxy)" not in _source(name).replace("KeyProxy()", "")

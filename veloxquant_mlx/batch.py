@@ -109,13 +109,12 @@ def merge(cls:BatchEvictingCache, caches:list): # one layer of each request: one
     rows, seen = [clone_row(c) for c in caches], set()
     for c, r in zip(caches, rows):
         co = c.coordinator
-        if co is None or getattr(co, "resolved", True): continue
+        if co is None or co.resolved: continue
         if id(co) in seen:
             raise ValueError("two batch rows share one unresolved schedule (SqueezeAttention's coordinator): give each "
                              "request its own cache list (one make_prompt_cache per prompt)")
         seen.add(id(co))
-        layers = getattr(co, "layers", None)
-        if layers is not None and layers.get(c.layer_idx) is c: layers[c.layer_idx] = r
+        if co.layers.get(c.layer_idx) is c: co.layers[c.layer_idx] = r
     return cls(rows)
 
 # %% ../nbs/03b_batch.ipynb #87b20e3d
@@ -234,7 +233,7 @@ def _fast_ok(self:BatchEvictingCache, N:int)->bool:
     if not self.fast or N != 1 or self._skip is not None or self._todo is not None or not self.rows: return False
     if self._packed is not None: return True
     r0 = self.rows[0]
-    return all(r.keys is not None and not r.store.quantized and self._steady(r) and type(r.policy) is type(r0.policy)
+    return all(r.keys is not None and isinstance(r.store, HeldArrays) and self._steady(r) and type(r.policy) is type(r0.policy)
                and r.window == r0.window and r.n_sink == r0.n_sink for r in self.rows)   # quantized: row by row
 
 @patch

@@ -15,6 +15,7 @@ from .policies import (Policy, KeyProxy, CumulativeAttention, ObservationWindow,
                                      _check_int)
 from .proxy import layer_concentration
 from .storage import Storage, FloatStorage, storage_from_meta
+from .coordinator import Coordinator
 
 # %% auto #0
 __all__ = ['COMPRESS', 'SCORES', 'EvictingCache', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
@@ -56,7 +57,9 @@ class EvictingCache(_BaseCache):
         self.slack = self._slack_asked = _check_int("slack", slack, 0)
         self.method = method or type(self).method or policy.name
         self.layer_idx, self.coordinator = layer_idx, coordinator
-        self._measure = measure or getattr(coordinator, "signal", None) is not None   # a schedule measuring the prompt
+        if coordinator is not None and not isinstance(coordinator, Coordinator):
+            raise TypeError(f"`coordinator` must be a Coordinator, got {type(coordinator).__name__}")
+        self._measure = measure or (coordinator is not None and coordinator.signal is not None)   # measuring the prompt
         self.info = dict(info or {})
         if storage is not None and not isinstance(storage, Storage):
             raise TypeError(f"`storage` must be a Storage, got {type(storage).__name__}")
@@ -179,7 +182,7 @@ def _check_incoming(self:EvictingCache, keys, values):
 def update_and_fetch(self:EvictingCache, keys, values):
     "Store the incoming `[B, n_kv_heads, S, head_dim]` keys/values; return what this forward pass attends over."
     self._check_incoming(keys, values)
-    if self.store.quantized and self.store.empty(): self._check_hook()
+    if self.store.needs_hook and self.store.empty(): self._check_hook()
     if self._pending:
         raise RuntimeError(f"policy {self.policy.name!r} needs the attention hook to score and trim after attention: "
                            "install it with veloxquant_mlx.cache.install_attention_hook() "
@@ -201,7 +204,7 @@ def _before_update(self:EvictingCache, keys):
     if self.concentration is not None or not self._measure: return
     self.concentration = layer_concentration(keys)          # one host sync per layer, once per prompt
     co = self.coordinator
-    if co is not None and getattr(co, "signal", None) == "key_dispersion": co.report(self.layer_idx, self.concentration)
+    if co is not None and co.signal == "key_dispersion": co.report(self.layer_idx, self.concentration)
 
 # %% ../nbs/03_cache.ipynb #1232b873
 @patch
@@ -296,7 +299,7 @@ def _select(self:EvictingCache, next_pos:int, decode:bool=False):
 def _end_of_prompt(self:EvictingCache, n_tokens:int):
     "The prompt has ended at `n_tokens`: a schedule waiting for its length sets the budgets now; nothing is chosen yet."
     co = self.coordinator
-    if co is not None and hasattr(co, "prompt_ended"): co.prompt_ended(n_tokens)
+    if co is not None: co.prompt_ended(n_tokens)
     self.prompt_done = True
 
 # %% ../nbs/03_cache.ipynb #72bab8f0
@@ -370,18 +373,9 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
 
 @patch
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
-    "mlx-lm's fast attention with this layer's mask (a windowed layer's own, over its kept positions)."
-    N = queries.shape[2]
-    if self.store.quantized:
-        if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
-        return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, self.window)
-    if self.window is None: m = None if N == 1 else "causal"
-    elif N == 1 and self._contiguous and self.count <= self.window: m = None   # nothing evicted: all held visible
-    else:                                  # one token too: a token kept at a choice may since have left the window
-        m = visible(self._attn_pos, qpos, self.window)                     # [B, H_kv, N, L]
-        rep = queries.shape[1] // m.shape[1]
-        if rep > 1: m = mx.repeat(m, rep, axis=1)
-    return _ORIGINAL_SDPA(queries, keys, values, cache=self, scale=scale, mask=m, sinks=sinks)
+    "The storage's attention with this layer's mask (no window to apply while one query sees every held token)."
+    seen = self.window is None or (queries.shape[2] == 1 and self._contiguous and self.count <= self.window)
+    return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, None if seen else self.window, sinks)
 
 @patch
 def _add_scores(self:EvictingCache, scores, extra):
@@ -476,10 +470,7 @@ def _check_meta(self:EvictingCache):
     if self.budget is not None: _check_int("budget", self.budget, self.n_sink + 1)
     if self.budget is not None and self.count > self.budget and not self.deferring:
         raise ValueError(f"state holds count={self.count} tokens, more than its budget={self.budget}")
-    held = self.store.slots
-    if self.count > held: raise ValueError(f"state says count={self.count} but its keys hold {held} slots")
-    if self.store.quantized and self.store.scheme == "kivi" and self.count != held:
-        raise ValueError(f"state says count={self.count} but its KIVI storage holds {held} slots")
+    self.store.check_count(self.count)
     lengths = {*self.store.slot_lengths(), self.positions.shape[-1], self.scores.shape[-1]}
     if not self.store.empty() and len(lengths) > 1:
         raise ValueError("state arrays disagree in length: keys, values, positions and scores must have one slot each")
@@ -572,7 +563,7 @@ def take_back(self:EvictingCache, held:tuple, # (keys, values, positions, scores
 def wants_hidden(self:EvictingCache)->bool:
     "True while a schedule waits for this layer's hidden-state cosine (the SqueezeAttention paper's signal)."
     co = self.coordinator
-    return co is not None and getattr(co, "signal", None) == "hidden_cosine" and self.hidden_cosine is None
+    return co is not None and co.signal == "hidden_cosine" and self.hidden_cosine is None
 
 @patch
 def report_hidden(self:EvictingCache, cosine:float):
@@ -580,7 +571,7 @@ def report_hidden(self:EvictingCache, cosine:float):
     if self.hidden_cosine is not None: return
     self.hidden_cosine = cosine
     co = self.coordinator
-    if co is not None and getattr(co, "signal", None) == "hidden_cosine": co.report(self.layer_idx, cosine)
+    if co is not None and co.signal == "hidden_cosine": co.report(self.layer_idx, cosine)
 
 # %% ../nbs/03_cache.ipynb #2573a7a8
 SCORES = ("key_proxy", "attention", "window")  # the token scores of the preset classes

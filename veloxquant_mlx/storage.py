@@ -80,8 +80,12 @@ def bf16_nbytes(arrays)->int:
 # %% ../nbs/03a_storage.ipynb #st000019
 class Storage:
     "How a layer holds its kept keys and values: every operation the cache does on its key/value buffers."
-    quantized = False # True: attention runs on the stored form, through the storage
+    needs_hook = False # True: `view` is not arrays mlx-lm can attend over (attention must come through the hook)
     scheme = "float" # the name a report and a saved state use
+    dims:tuple|None # (B, H, head_dim, value head_dim) of what is held, None when empty
+    slots:int # slots allocated
+    nbytes:int # bytes held
+    nbytes_bf16:int # bytes held with floating arrays at 2 bytes per element
 
     def reset(self):
         "Hold nothing."
@@ -122,6 +126,33 @@ class Storage:
         return self.replace(slot, keys, values) if at is None else self.write(at, keys, values)
     def key_mass(self, positions, new_keys, qpos, window:int|None, count:int)->mx.array:
         "Key-as-query mass `[B, H, L]` that `new_keys` at `qpos` give the first `count` slots (zero after them)."
+        raise NotImplementedError
+    def attention(self, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None):
+        "Attention over `view`'s operands at positions `key_pos` (`window` None: every held token visible)."
+        raise NotImplementedError
+    def attention_with_mass(self, queries, keys, values, key_pos, query_pos, scale, window=None)->tuple:
+        "(attention, the mass `[B, H, L]` each key receives)."
+        raise NotImplementedError
+    def query_mass(self, queries, keys, key_pos, query_pos, scale, window=None)->mx.array:
+        "The mass `[B, H, L]` each key receives from `queries`."
+        raise NotImplementedError
+    def check_count(self, count:int):
+        "Raise a ValueError unless a loaded state's `count` fits what is held."
+        if count > self.slots: raise ValueError(f"state says count={count} but its keys hold {self.slots} slots")
+    def arrays(self)->tuple:
+        "(keys, values) as the cache exposes them."
+        raise NotImplementedError
+    def state(self)->tuple:
+        "(keys, values) for a saved state."
+        raise NotImplementedError
+    def set_state(self, keys, values, meta:dict|None=None):
+        "Restore from `state()`."
+        raise NotImplementedError
+    def meta(self)->dict|None:
+        "What a saved state records of the format (None: float)."
+        raise NotImplementedError
+    def slot_lengths(self)->tuple:
+        "Lengths the cache's positions and scores must match."
         raise NotImplementedError
 
 # %% ../nbs/03a_storage.ipynb #st000021
@@ -187,6 +218,16 @@ def key_rows(self:FloatStorage, a:int, b:int):
 
 # %% ../nbs/03a_storage.ipynb #st000023
 @patch
+def attention(self:FloatStorage, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None):
+    "MLX's fast attention; a window masks by position (None: every held token visible, causal for a chunk)."
+    if window is None: m = None if queries.shape[2] == 1 else "causal"
+    else:
+        m = visible(key_pos, query_pos, window)                                 # [B, H_kv, N, L]
+        rep = queries.shape[1] // m.shape[1]
+        if rep > 1: m = mx.repeat(m, rep, axis=1)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=m, sinks=sinks)
+
+@patch
 def attention_with_mass(self:FloatStorage, queries, keys, values, key_pos, query_pos, scale, window=None):
     "Softmax attention and the mass each key receives (`h2o.attention_with_mass`)."
     return attention_with_mass(queries, keys, values, key_pos, query_pos, scale, window)
@@ -240,7 +281,7 @@ def slot_lengths(self:FloatStorage)->tuple:
 # %% ../nbs/03a_storage.ipynb #st000027
 class QuantizedStorage(Storage):
     "What the quantized layouts share: attention and mass on the stored form (their `logits` and `mix`), errors, bytes."
-    quantized = True
+    needs_hook = True
     def __init__(self, bits:int=4, # 2, 4 or 8
                  group_size:int=64): # elements per scale and bias
         check_kv_format(bits, group_size, self.scheme)
@@ -294,8 +335,10 @@ def attention_with_mass(self:QuantizedStorage, queries, keys, values, key_pos, q
     return mx.concatenate(outs, axis=2).astype(self.dtype), mass
 
 @patch
-def attention(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, scale, window=None, block:int=512):
+def attention(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None,
+              block:int=512): # queries per block
     "Attention over the stored form (the output only)."
+    if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
     B, Hq, N, _ = queries.shape
     outs = []
     for a in range(0, N, block):
@@ -485,6 +528,10 @@ class KiviStorage(QuantizedStorage):
 
     def _prefix_values(self)->mx.array:
         return dequantize_groups(*self.vp, self.bits, self.group_size)
+
+    def check_count(self, count:int):
+        "A KIVI state holds exactly `count` slots."
+        if count != self.slots: raise ValueError(f"state says count={count} but its KIVI storage holds {self.slots} slots")
 
 # %% ../nbs/03a_storage.ipynb #st000038
 @patch
