@@ -346,12 +346,14 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     (K, V, P, S), (start, full) = self._packed, self._step
     self._step = None
     p, window = self.rows[0].policy, self.rows[0].window
-    if p.needs_queries and p.wants_mass(decode=True):
+    got = {}                                              # the output, if the policy's mass brought it
+    def mass():
         if sinks is not None:
-            raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; "
-                                      "use 'key_proxy'")
-        out, mass = rows_attention_with_mass(queries, K, V, P, start, scale, window)
-        S = S + mass
+            raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; use 'key_proxy'")
+        got["out"], m = rows_attention_with_mass(queries, K, V, P, start, scale, window)
+        return m
+    S = p.on_queries(S, mass, True)
+    if "out" in got: out = got["out"]
     else:
         B, Hq, _, _ = queries.shape
         H, L = K.shape[1], K.shape[2]

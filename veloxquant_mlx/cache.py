@@ -312,7 +312,7 @@ def end_prompt(self:EvictingCache):
         q, qpos, scale = self._obs_q
         keys = self.store.view(self.count)[0]
         obs = self.store.query_mass(q, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
-        self.scores = self.policy.on_window(self.scores[:, :, :self.count], obs)
+        self.scores = self.policy.on_window(self.scores[:, :, :self.count], lambda: obs)
     elif self.policy.obs_window: raise RuntimeError("end_prompt(): no queries seen yet (the attention hook is needed)")
     if self._select_due(): self._select(self.offset)
 
@@ -366,6 +366,7 @@ def hook_installed()->bool:
 def _remember(self:EvictingCache, queries, qpos, scale:float):
     "Keep the last `obs_window` queries seen (this pass's and, if it is shorter, the previous ones)."
     w = self.policy.obs_window
+    if not w: return
     if self._obs_q is not None and queries.shape[2] < w:
         queries = mx.concatenate([self._obs_q[0], queries], axis=2)
         qpos = mx.concatenate([self._obs_q[1], qpos])
@@ -376,6 +377,22 @@ def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qp
     "The storage's attention with this layer's mask (no window to apply while one query sees every held token)."
     seen = self.window is None or (queries.shape[2] == 1 and self._contiguous and self.count <= self.window)
     return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, None if seen else self.window, sinks)
+
+@patch
+def _query_mass(self:EvictingCache, got:dict, queries, keys, values, qpos, scale, sinks, output:bool):
+    "The mass `[B, H, L]` the queries give each held token; the attention output with it into `got` (one softmax)."
+    if sinks is not None:
+        raise NotImplementedError(f"policy {self.policy.name!r} does not support models with attention sinks; use 'key_proxy'")
+    args = (self._attn_pos, qpos, scale, self.window)
+    if output: got["out"], m = self.store.attention_with_mass(queries, keys, values, *args)
+    else: got["out"], m = None, self.store.query_mass(queries, keys, *args)
+    return self._add_scores(self.scores, m)
+
+@patch
+def _window_mass(self:EvictingCache, keys, scale):
+    "The mass the remembered observation queries give each held token."
+    q, oqpos, _ = self._obs_q
+    return self._add_scores(self.scores, self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window))
 
 @patch
 def _add_scores(self:EvictingCache, scores, extra):
@@ -392,22 +409,13 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     qpos = mx.arange(self.offset - N, self.offset, dtype=mx.int32)
     decode = N == 1 and not self._prompt_end
     due = self._pending and self._select_due(decode)
-    window_due = p.obs_window > 0 and (due or self._prompt_end or (N > 1 and not self.deferring))
-    if p.obs_window: self._remember(queries, qpos, scale)
-    out = None
-    if p.needs_queries and p.wants_mass(decode=N == 1 and not window_due):
-        if sinks is not None:
-            raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; "
-                                      "use 'key_proxy'")
-        if output: out, mass = self.store.attention_with_mass(queries, keys, values, self._attn_pos, qpos, scale,
-                                                              self.window)
-        else: mass = self.store.query_mass(queries, keys, self._attn_pos, qpos, scale, self.window)
-        self.scores = self.scores + self._add_scores(self.scores, mass)
-    elif output: out = self._plain_attention(queries, keys, values, scale, sinks, qpos)
-    if window_due:
-        q, oqpos, _ = self._obs_q
-        obs = self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window)
-        self.scores = p.on_window(self.scores, self._add_scores(self.scores, obs))
+    choosing = due or self._prompt_end or (N > 1 and not self.deferring)
+    self._remember(queries, qpos, scale)
+    got = {}                                              # the output, if the policy's mass brought it
+    mass = lambda: self._query_mass(got, queries, keys, values, qpos, scale, sinks, output)
+    self.scores = p.on_queries(self.scores, mass, N == 1 and not choosing)
+    out = got["out"] if "out" in got else self._plain_attention(queries, keys, values, scale, sinks, qpos) if output else None
+    if choosing: self.scores = p.on_window(self.scores, lambda: self._window_mass(keys, scale))
     self._prompt_end = False
     if self._pending:
         self._pending = False

@@ -43,16 +43,16 @@ class Policy:
         super().__init_subclass__(**kwargs)
         if "name" in cls.__dict__: POLICIES[cls.name] = cls
 
-    def wants_mass(self, decode:bool)->bool:
-        "Should this forward pass's attention mass be added to the running score? (`decode`: a one-token step)"
-        return False
+    def on_queries(self, scores:mx.array, mass, decode:bool)->mx.array:
+        "Phase: queries attended (`mass()`: what each token received; `decode`: a one-token step, no choice due)."
+        return scores
 
     def on_keys(self, scores:mx.array, key_mass)->mx.array:
         "Phase: new keys arrived; the running score `[B, H, L]` (`key_mass()`: their key-as-query mass, computed if asked)."
         return scores
 
-    def on_window(self, scores:mx.array, obs_mass:mx.array)->mx.array:
-        "The running score after the observation window's mass is measured at a prompt's end (default: unchanged)."
+    def on_window(self, scores:mx.array, obs_mass)->mx.array:
+        "Phase: a choice is due (`obs_mass()`: what the remembered observation queries give each token)."
         return scores
 
     def score(self, view:View)->mx.array:
@@ -90,9 +90,9 @@ class CumulativeAttention(Policy):
     "H2O: keep the heavy hitters, the tokens with the most attention received from the real queries so far."
     name:ClassVar[str] = "attention"
     needs_queries:ClassVar[bool] = True
-    def wants_mass(self, decode:bool)->bool:
+    def on_queries(self, scores, mass, decode):
         "Every forward pass's mass accumulates."
-        return True
+        return scores + mass()
 
 # %% ../nbs/02a_policies.ipynb #1de0dd6e
 @dataclass
@@ -109,13 +109,13 @@ class ObservationWindow(Policy):
         _check_int("obs_window", self.obs_window, 1)
         pool_mass(mx.zeros(1), self.kernel, self.pool)                    # validates kernel and pool
 
-    def wants_mass(self, decode:bool)->bool:
+    def on_queries(self, scores, mass, decode):
         "Decoding steps accumulate their mass (to evict one token per step); prompt chunks do not."
-        return decode
+        return scores + mass() if decode else scores
 
     def on_window(self, scores, obs_mass):
         "Add the pooled mass of the observation window."
-        return scores + pool_mass(obs_mass, self.kernel, self.pool)
+        return scores + pool_mass(obs_mass(), self.kernel, self.pool)
 
     def fitted(self, budget:int, n_sink:int):
         "The window shrinks to what a small layer can keep beside its sinks."
@@ -133,7 +133,7 @@ class LastQuery(Policy):
 
     def on_window(self, scores, obs_mass):
         "The current query's mass replaces whatever was there."
-        return obs_mass
+        return obs_mass()
 
 # %% ../nbs/02a_policies.ipynb #18cdbf13
 @dataclass
