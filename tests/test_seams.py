@@ -138,3 +138,29 @@ def test_policy_phases_replace_the_kind_checks():
     "No `isinstance(..., KeyProxy)` in the cache or the batch: the policy's `on_keys` phase decides."
     for name in ("cache", "batch"): assert "isinstance(self.policy" not in _source(name)
     for name in ("cache", "batch"): assert "KeyProxy)" not in _source(name).replace("KeyProxy()", "")
+
+
+# The public face of the one evicting cache: mlx-lm's protocol, the layer's settings and what it holds, and the
+# three calls a batch makes on its rows. A new public name is a decision: add it here.
+EVICTING_CACHE_PUBLIC = {
+    # mlx-lm's cache protocol
+    "update_and_fetch", "make_mask", "state", "meta_state", "nbytes", "is_trimmable", "trim", "empty", "size",
+    "from_state", "merge", "offset",
+    # attention through the hook, and the schedule's calls
+    "attention", "adopt_budget", "reset", "end_prompt", "wants_hidden", "report_hidden", "deferring",
+    # a batch's calls on its rows
+    "hand_over", "take_back", "advance",
+    # what it holds and how much it may hold
+    "keys", "values", "positions", "scores", "count", "tokens_kept", "budget", "layer_budget", "store",
+    "nbytes_bf16", "overhead_nbytes", "evicted", "prompt_done", "concentration", "hidden_cosine",
+    # its settings
+    "method", "n_sink", "window", "policy", "recent", "slack", "compress", "coordinator", "layer_idx", "info",
+}
+
+
+def test_evicting_cache_public_members_are_listed():
+    from veloxquant_mlx.cache import EvictingCache
+    c = EvictingCache(8)
+    public = {n for n in dir(EvictingCache) if not n.startswith("_")} | {n for n in vars(c) if not n.startswith("_")}
+    assert public == EVICTING_CACHE_PUBLIC, (f"new: {sorted(public - EVICTING_CACHE_PUBLIC)}, "
+                                             f"gone: {sorted(EVICTING_CACHE_PUBLIC - public)}")

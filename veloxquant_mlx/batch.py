@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
 from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
-from .cache import EvictingCache, _EMPTY_POS, _ORIGINAL_SDPA, hook_installed
+from .cache import EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed
 
 # %% auto #0
 __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
@@ -318,7 +318,7 @@ def _ensure_width(self:BatchEvictingCache):
     need = self._width_needed()
     if need <= self._packed[0].shape[2]: return
     cap = max(r.budget + self._extra() for r in self.rows)
-    stepped = EvictingCache.step * math.ceil(need / EvictingCache.step)
+    stepped = _GROW_STEP * math.ceil(need / _GROW_STEP)
     self._packed = self._pad_to(self._packed, max(need, min(cap, stepped)))
 
 # %% ../nbs/03b_batch.ipynb #b3b0001f

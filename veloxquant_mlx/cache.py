@@ -24,12 +24,12 @@ __all__ = ['COMPRESS', 'SCORES', 'EvictingCache', 'install_attention_hook', 'rem
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
+_GROW_STEP = 256  # buffers grow in steps of this many tokens (as mlx-lm's KVCache), never beyond the budget
 COMPRESS = ("chunk", "prompt_end")  # when a layer chooses what to keep
 
 # %% ../nbs/03_cache.ipynb #23c00af3
 class EvictingCache(_BaseCache):
     "One attention layer's KV cache holding at most `budget` tokens; its `policy` chooses which."
-    step = 256 # buffers grow in steps of this many tokens (as mlx-lm's KVCache), never beyond the budget
     method = None # the registry name of a preset class (None: recorded per instance)
     _veloxquant_evicting = True # what the attention hook looks for (duck-typed: every copy of the class is recognised)
 
@@ -78,11 +78,6 @@ class EvictingCache(_BaseCache):
     def tokens_kept(self):
         "Tokens held now."
         return self.count
-
-    @property
-    def compression_ratio(self):
-        "Tokens seen per token kept (1.0 before any eviction)."
-        return self.offset / self.count if self.count else 1.0
 
     @property
     def deferring(self)->bool:
@@ -212,7 +207,7 @@ def _grow(self:EvictingCache, n_new:int):
     "Make room for `n_new` more tokens in place (steps of `step`, never beyond the budget)."
     need, cap = self.count + n_new, self.positions.shape[2]
     if need <= cap: return
-    new_cap = self.step * math.ceil(need / self.step)
+    new_cap = _GROW_STEP * math.ceil(need / _GROW_STEP)
     if self.budget is not None: new_cap = min(max(new_cap, need), self.budget)
     B, H = self.positions.shape[:2]
     def pad(a, fill, dt, *tail):
@@ -422,11 +417,6 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
         if due: self._select(self.offset, decode)
         self._settle()
     return out
-
-@patch
-def count_held(self:EvictingCache)->int:
-    "Tokens physically held (a pending chunk included)."
-    return self.count
 
 # %% ../nbs/03_cache.ipynb #ab7a7274
 def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, window=None):
