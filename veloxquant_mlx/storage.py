@@ -143,8 +143,8 @@ class Storage:
         "(keys, values) as the cache exposes them."
         raise NotImplementedError
     def state(self)->tuple:
-        "(keys, values) for a saved state."
-        raise NotImplementedError
+        "(keys, values) for a saved state (default: as `arrays` gives them)."
+        return self.arrays()
     def set_state(self, keys, values, meta:dict|None=None):
         "Restore from `state()`."
         raise NotImplementedError
@@ -256,11 +256,6 @@ def nbytes_for(self:FloatStorage, count:int)->int:
 @patch
 def arrays(self:FloatStorage)->tuple:
     "(keys, values) as the cache exposes them."
-    return self.keys, self.values
-
-@patch
-def state(self:FloatStorage)->tuple:
-    "(keys, values) for a saved state: the buffers (as the cache always saved them)."
     return self.keys, self.values
 
 @patch
