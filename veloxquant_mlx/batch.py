@@ -24,6 +24,7 @@ def _same_dtype(d): # an `mx.Dtype` (a quantized storage records one)
 
 copyreg.pickle(type(mx.float32), _same_dtype)
 
+# %% ../nbs/03b_batch.ipynb #19e39078
 def _own_copy(obj):
     "A shallow copy of `obj` (a storage) owning copies of its arrays, those in its tuples included."
     def own(a):
@@ -33,6 +34,7 @@ def _own_copy(obj):
     for k, v in vars(obj).items(): setattr(new, k, own(v))
     return new
 
+# %% ../nbs/03b_batch.ipynb #2c76d55d
 def clone_row(cache:EvictingCache)->EvictingCache: # a one-sequence layer (batch size 1)
     "An independent copy of a one-sequence layer: its own arrays (in-place writes stay private), the same schedule."
     B = None if cache.store.dims is None else cache.store.dims[0]
@@ -62,6 +64,7 @@ def row_weights(queries:mx.array, # `[B, Hq, 1, D]`: one query per row (RoPE app
     ok = visible(positions, qpos[:, None, None], window)                          # [B, H, 1, L]
     return mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
 
+# %% ../nbs/03b_batch.ipynb #cacad58f
 def rows_attention_with_mass(queries, keys, values, positions, qpos, scale, window=None):
     "One decoding step's output `[B, Hq, 1, Dv]` (the values' dtype) and the mass `[B, H, L]` each key receives."
     B, Hq = queries.shape[:2]
@@ -135,6 +138,7 @@ def nbytes(self:BatchEvictingCache)->int:
     if self._packed is not None: return self._packed[0].nbytes + self._packed[1].nbytes
     return sum(r.nbytes for r in self.rows)
 
+# %% ../nbs/03b_batch.ipynb #164eb750
 @patch(as_prop=True)
 def state(self:BatchEvictingCache)->list:
     "The arrays to evaluate (mlx-lm's `mx.eval([c.state ...])`); `extract` a row to save it."
@@ -147,6 +151,7 @@ def state(self:BatchEvictingCache, v):
     "Refused: a batch layer is saved row by row (`extract(i)` each row, then `save_prompt_cache`)."
     raise ValueError("a BatchEvictingCache is not restored whole: extract(i) each row and save those")
 
+# %% ../nbs/03b_batch.ipynb #79321935
 @patch
 def is_trimmable(self:BatchEvictingCache)->bool:
     "False: batch generation does not trim, and an evicted row cannot be trimmed."
@@ -157,6 +162,7 @@ def trim(self:BatchEvictingCache, n:int):
     "Refused (see `is_trimmable`)."
     raise ValueError("a BatchEvictingCache cannot be trimmed: extract(i) a row and trim that (before any eviction)")
 
+# %% ../nbs/03b_batch.ipynb #9d7256b3
 @patch
 def make_mask(self:BatchEvictingCache, N:int, window_size:int|None=None, return_array:bool=False, **kwargs):
     "None for one token, 'causal' otherwise: the attention hook applies each row's own mask (it must be installed)."
@@ -180,6 +186,7 @@ def finalize(self:BatchEvictingCache):
     "The padded chunk(s) are read: forget the padding (nothing to move: padding was never stored)."
     self._todo = self._skip = None
 
+# %% ../nbs/03b_batch.ipynb #b9bdf093
 @patch
 def _take_spans(self:BatchEvictingCache, N:int)->list:
     "Per row, (first column, tokens) of its own tokens among this pass's `N` columns."
@@ -207,6 +214,7 @@ def _rows_update(self:BatchEvictingCache, keys, values):
                  for b, (r, (a, n)) in enumerate(zip(self.rows, spans))]
     return keys, values
 
+# %% ../nbs/03b_batch.ipynb #be0ec850
 @patch
 def _rows_attention(self:BatchEvictingCache, queries, scale, sinks, v_dim:int, dtype):
     "Every row's attention over what it holds, in its own columns (zeros where a row has no token)."
@@ -233,9 +241,11 @@ def _fast_ok(self:BatchEvictingCache, N:int)->bool:
     if not self.fast or N != 1 or self._skip is not None or self._todo is not None or not self.rows: return False
     if self._packed is not None: return True
     r0 = self.rows[0]
-    return all(r.keys is not None and isinstance(r.store, HeldArrays) and self._steady(r) and type(r.policy) is type(r0.policy)
-               and r.window == r0.window and r.n_sink == r0.n_sink for r in self.rows)   # quantized: row by row
+    return all(r.keys is not None and isinstance(r.store, HeldArrays) and self._steady(r)
+               and type(r.policy) is type(r0.policy) and r.window == r0.window and r.n_sink == r0.n_sink
+               for r in self.rows)   # quantized: row by row
 
+# %% ../nbs/03b_batch.ipynb #9bf3a1c1
 @patch
 def update_and_fetch(self:BatchEvictingCache, keys, values):
     "Store each row's incoming `[B, n_kv_heads, S, head_dim]` tokens (padding dropped); vectorised when decoding."
@@ -260,6 +270,7 @@ def _width_needed(self:BatchEvictingCache)->int:
     e = self._extra()
     return max(min(r.count + 1, r.budget + e) for r in self.rows)
 
+# %% ../nbs/03b_batch.ipynb #65c73913
 @patch
 def _pad_to(self:BatchEvictingCache, arrs:tuple, L:int)->tuple:
     "(keys, values, positions, scores) widened to `L` slots (new slots empty)."
@@ -268,6 +279,7 @@ def _pad_to(self:BatchEvictingCache, arrs:tuple, L:int)->tuple:
     pad = lambda a, fill: mx.pad(a, [(0, 0), (0, 0), (0, n)] + [(0, 0)] * (a.ndim - 3), constant_values=fill)
     return tuple(pad(a, f) for a, f in zip(arrs, (0, 0, _EMPTY_POS, 0)))
 
+# %% ../nbs/03b_batch.ipynb #85fec357
 @patch
 def _pack_obs(self:BatchEvictingCache, obs:list, w:int)->list:
     "The rows' remembered queries as [Q `[B, Hq, w, D]`, their positions `[B, w]`, counts, scale], left-padded."
@@ -281,6 +293,7 @@ def _pack_obs(self:BatchEvictingCache, obs:list, w:int)->list:
            mx.pad(o[1].astype(mx.int32), [(w - o[1].shape[0], 0)], constant_values=-1) for o in obs]
     return [mx.concatenate(qs, axis=0), mx.stack(qps), n_obs, have[0][2]]
 
+# %% ../nbs/03b_batch.ipynb #782ff1ea
 @patch
 def _pack(self:BatchEvictingCache):
     "Move the rows' arrays into batched buffers (row b in slots [0, count_b)); the rows keep only their metadata."
@@ -292,6 +305,7 @@ def _pack(self:BatchEvictingCache):
     w = max(r.policy.obs_window for r in rows)
     self._obs = self._pack_obs([obs for _, obs in given], w) if w else None
 
+# %% ../nbs/03b_batch.ipynb #1960cf2a
 @patch
 def _obs_row(self:BatchEvictingCache, b:int):
     "Row b's remembered (queries, positions, scale), or None."
@@ -306,6 +320,7 @@ def _row_arrays(self:BatchEvictingCache, b:int)->tuple:
     "Row b's (keys, values, positions, scores) out of the packed buffers, as its own arrays."
     return tuple(mx.contiguous(a[b:b + 1, :, :self.rows[b].count]) for a in self._packed)
 
+# %% ../nbs/03b_batch.ipynb #3e290cc6
 @patch
 def _unpack(self:BatchEvictingCache):
     "Give every row its arrays back (before a row-by-row pass)."
@@ -349,7 +364,8 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     got = {}                                              # the output, if the policy's mass brought it
     def mass():
         if sinks is not None:
-            raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; use 'key_proxy'")
+            raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; "
+                                      "use 'key_proxy'")
         got["out"], m = rows_attention_with_mass(queries, K, V, P, start, scale, window)
         return m
     S = p.on_queries(S, mass, True)
@@ -366,6 +382,7 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     self._packed = (K, V, P, S)
     return mx.depends(out, deps)
 
+# %% ../nbs/03b_batch.ipynb #ece7d1a6
 @patch
 def _roll_obs(self:BatchEvictingCache, queries, start, scale)->list:
     "Remember this step's queries (the newest of each row's window); returns the new arrays."
@@ -414,12 +431,14 @@ def filter(self:BatchEvictingCache, batch_indices): # the rows to keep, in order
     cap = max(r.budget + self._extra() for r in self.rows)
     if self._packed[0].shape[2] > cap: self._packed = tuple(a[:, :, :cap] for a in self._packed)
 
+# %% ../nbs/03b_batch.ipynb #656fad12
 @patch
 def _alike(self:BatchEvictingCache, other:BatchEvictingCache)->bool:
     "True when two packed batches decode by the same rule (policy class, window, sinks)."
     a, b = self.rows[0], other.rows[0]
     return type(a.policy) is type(b.policy) and a.window == b.window and a.n_sink == b.n_sink
 
+# %% ../nbs/03b_batch.ipynb #4d3ad397
 @patch
 def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer of the same model layer
     "Append `other`'s rows (requests joining a running batch)."
@@ -443,6 +462,7 @@ def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer o
         if other._packed is not None: other._unpack()
     self.rows = self.rows + other.rows
 
+# %% ../nbs/03b_batch.ipynb #0aae204a
 @patch
 def extract(self:BatchEvictingCache, idx:int)->EvictingCache:
     "Row `idx` as an independent one-sequence layer (to save, resume, or store for prompt reuse)."
@@ -472,6 +492,7 @@ def greedy_alone(model, prompt:list, caches:list, max_tokens:int, prefill_step_s
     return [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=caches,
                                         prefill_step_size=prefill_step_size, sampler=lambda x: mx.argmax(x, axis=-1))]
 
+# %% ../nbs/03b_batch.ipynb #ad8129ef
 def greedy_batched(model, prompts:list, caches:list, max_tokens, # an int, or one per prompt
                    arrivals:list|None=None, # generator step at which each prompt is inserted (None: all at once)
                    on_step=None, # called with the generator after every step (to check the live batch)

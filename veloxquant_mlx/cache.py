@@ -107,6 +107,7 @@ def _set_budget(self:EvictingCache, budget:int):
                          "a decode step needs one evictable slot")
     self.budget = budget
 
+# %% ../nbs/03_cache.ipynb #97eb4071
 @patch
 def adopt_budget(self:EvictingCache, budget:int):
     "Take a budget from a schedule and trim what is held to it by the policy (the recent window shrinks to fit)."
@@ -116,6 +117,7 @@ def adopt_budget(self:EvictingCache, budget:int):
     self._set_budget(budget)
     if not self._pending and self._select_due(): self._select(self.offset)
 
+# %% ../nbs/03_cache.ipynb #58af13bf
 @patch
 def reset(self:EvictingCache, **budget):
     "Forget the prompt: empty the layer (a new prompt starts at position 0); `budget=` also sets a new budget."
@@ -147,6 +149,7 @@ def _settle(self:EvictingCache):
     "The forward pass is over and the layer has chosen: the storage stores what is held in its lasting form."
     if not self.deferring: self.store.settle()
 
+# %% ../nbs/03_cache.ipynb #87ea9ef3
 @patch
 def _on_keys(self:EvictingCache, new_keys, qpos, sign:float=1.0):
     "The policy's phase for keys `[B, H, Q, D]` at `qpos` arriving (`sign=-1`: taken back); the storage gives the mass."
@@ -173,6 +176,7 @@ def _check_incoming(self:EvictingCache, keys, values):
                 raise ValueError(f"`{nm}` of shape {tuple(new.shape)} does not match the cache's "
                                  f"[B, n_kv_heads, *, head_dim] = {tuple(dims[:2])}, {d}")
 
+# %% ../nbs/03_cache.ipynb #c40c2461
 @patch
 def update_and_fetch(self:EvictingCache, keys, values):
     "Store the incoming `[B, n_kv_heads, S, head_dim]` keys/values; return what this forward pass attends over."
@@ -189,7 +193,8 @@ def update_and_fetch(self:EvictingCache, keys, values):
     self.offset += N
     if N == 1 and not self.store.empty():
         room = self.budget is None or self.count < self.budget
-        if room or not (self._prompt_end or self.policy.evict_after): return self._update_decode(keys, values, start, room)
+        if room or not (self._prompt_end or self.policy.evict_after):
+            return self._update_decode(keys, values, start, room)
     return self._update_concat(keys, values, start)
 
 # %% ../nbs/03_cache.ipynb #1eaa91d5
@@ -216,6 +221,7 @@ def _grow(self:EvictingCache, n_new:int):
     self.positions = pad(self.positions, _EMPTY_POS, mx.int32)
     self.scores = pad(self.scores, 0, mx.float32)
 
+# %% ../nbs/03_cache.ipynb #04f4d761
 @patch
 def _update_decode(self:EvictingCache, keys, values, start:int, room:bool):
     "One token: `decode_step` with B = 1 (its free slot while there is room, else its victim's); the held tokens."
@@ -229,6 +235,7 @@ def _update_decode(self:EvictingCache, keys, values, start:int, room:bool):
     if room: self._settle()
     return kv
 
+# %% ../nbs/03_cache.ipynb #b75b21af
 @patch
 def advance(self:EvictingCache, seen:int=1, # tokens more seen (the offset)
             grew:bool=False, # one more token held (it took a free slot)
@@ -250,6 +257,7 @@ def _held(self:EvictingCache, start:int):
     if order is None: return tuple(a[:, :, drop:self.count] for a in (self.positions, self.scores))
     return tuple(mx.take_along_axis(a[:, :, :self.count], order, axis=2) for a in (self.positions, self.scores))
 
+# %% ../nbs/03_cache.ipynb #8eb7384c
 @patch
 def _update_concat(self:EvictingCache, keys, values, start:int):
     "A chunk (or a token that must be judged after attention): return `held ++ chunk`; keep what the policy chooses."
@@ -268,6 +276,7 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     if not self._pending: self._settle()
     return kv
 
+# %% ../nbs/03_cache.ipynb #d11c0dd8
 @patch
 def _target(self:EvictingCache, decode:bool=False)->int:
     "Tokens a choice keeps: the budget after a decoding step, `budget - slack` after a chunk or a prompt's end."
@@ -278,6 +287,7 @@ def _select_due(self:EvictingCache, decode:bool=False)->bool:
     "True when what is held must be cut now."
     return self.budget is not None and not self.deferring and self.count > self._target(decode)
 
+# %% ../nbs/03_cache.ipynb #90607af1
 @patch
 def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     "Keep the tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
@@ -290,6 +300,7 @@ def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     self.count, self.evicted, self._contiguous = n, True, False
     self._settle()
 
+# %% ../nbs/03_cache.ipynb #0e36d4e5
 @patch
 def _end_of_prompt(self:EvictingCache, n_tokens:int):
     "The prompt has ended at `n_tokens`: a schedule waiting for its length sets the budgets now; nothing is chosen yet."
@@ -338,6 +349,7 @@ _hooked_sdpa._veloxquant_hook = True
 
 def _is_ours(f): return f is _ORIGINAL_SDPA or getattr(f, "_veloxquant_hook", False)
 
+# %% ../nbs/03_cache.ipynb #fe5d3930
 def _model_modules():
     import sys
     return [m for n, m in list(sys.modules.items()) if n.startswith("mlx_lm.models.") and m is not None
@@ -351,6 +363,7 @@ def remove_attention_hook():
     "Restore mlx-lm's own attention function everywhere."
     for m in _model_modules(): m.scaled_dot_product_attention = _ORIGINAL_SDPA
 
+# %% ../nbs/03_cache.ipynb #19f5fd65
 def hook_installed()->bool:
     "True when the attention hook is in place in every loaded mlx-lm model module."
     mods = _model_modules()
@@ -371,13 +384,16 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
     "The storage's attention with this layer's mask (no window to apply while one query sees every held token)."
     seen = self.window is None or (queries.shape[2] == 1 and self._contiguous and self.count <= self.window)
-    return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, None if seen else self.window, sinks)
+    window = None if seen else self.window
+    return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, window, sinks)
 
+# %% ../nbs/03_cache.ipynb #3657e581
 @patch
 def _query_mass(self:EvictingCache, got:dict, queries, keys, values, qpos, scale, sinks, output:bool):
     "The mass `[B, H, L]` the queries give each held token; the attention output with it into `got` (one softmax)."
     if sinks is not None:
-        raise NotImplementedError(f"policy {self.policy.name!r} does not support models with attention sinks; use 'key_proxy'")
+        raise NotImplementedError(f"policy {self.policy.name!r} does not support models with attention sinks; "
+                                  "use 'key_proxy'")
     args = (self._attn_pos, qpos, scale, self.window)
     if output: got["out"], m = self.store.attention_with_mass(queries, keys, values, *args)
     else: got["out"], m = None, self.store.query_mass(queries, keys, *args)
@@ -389,6 +405,7 @@ def _window_mass(self:EvictingCache, keys, scale):
     q, oqpos, _ = self._obs_q
     return self._add_scores(self.scores, self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window))
 
+# %% ../nbs/03_cache.ipynb #ff131426
 @patch
 def _add_scores(self:EvictingCache, scores, extra):
     "`extra` `[B, H, L]` aligned with the first L slots of `scores` (the rest of a preallocated buffer gets none)."
@@ -396,6 +413,7 @@ def _add_scores(self:EvictingCache, scores, extra):
     if L < scores.shape[-1]: extra = mx.pad(extra, [(0, 0), (0, 0), (0, scores.shape[-1] - L)])
     return extra
 
+# %% ../nbs/03_cache.ipynb #32e5ec06
 @patch
 def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks=None,
               output:bool=True): # False: only let the policy observe (a harness that has the output already)
@@ -409,14 +427,14 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     got = {}                                              # the output, if the policy's mass brought it
     mass = lambda: self._query_mass(got, queries, keys, values, qpos, scale, sinks, output)
     self.scores = p.on_queries(self.scores, mass, N == 1 and not choosing)
-    out = got["out"] if "out" in got else self._plain_attention(queries, keys, values, scale, sinks, qpos) if output else None
+    if "out" not in got and output: got["out"] = self._plain_attention(queries, keys, values, scale, sinks, qpos)
     if choosing: self.scores = p.on_window(self.scores, lambda: self._window_mass(keys, scale))
     self._prompt_end = False
     if self._pending:
         self._pending = False
         if due: self._select(self.offset, decode)
         self._settle()
-    return out
+    return got.get("out")
 
 # %% ../nbs/03_cache.ipynb #ab7a7274
 def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, window=None):
@@ -443,6 +461,7 @@ def _meta(self:EvictingCache)->dict:
     if self.store.meta() is not None: meta.update(storage=self.store.meta())
     return meta
 
+# %% ../nbs/03_cache.ipynb #cdb6330d
 @patch
 def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     "Restore from `meta` (checked: a state of another method, or an inconsistent one, is refused by name)."
@@ -459,6 +478,7 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
     self._check_meta()
 
+# %% ../nbs/03_cache.ipynb #3ae35ac4
 @patch
 def _check_meta(self:EvictingCache):
     "A loaded state must be self-consistent, or it fails later deep inside MLX: check it here, naming the field."
@@ -473,6 +493,7 @@ def _check_meta(self:EvictingCache):
     if not self.store.empty() and len(lengths) > 1:
         raise ValueError("state arrays disagree in length: keys, values, positions and scores must have one slot each")
 
+# %% ../nbs/03_cache.ipynb #d3ccc205
 @patch(as_prop=True)
 def state(self:EvictingCache):
     "Keys, values, positions, scores (the observation queries while a prompt is read) and the metadata as JSON."
@@ -480,6 +501,7 @@ def state(self:EvictingCache):
     if self._obs_q is not None: arrays += (self._obs_q[0],)
     return (*arrays, json.dumps(self._meta()))
 
+# %% ../nbs/03_cache.ipynb #78bca1f7
 @patch(set_prop=True)
 def state(self:EvictingCache, v):
     "Restore a layer from what `state` returned."
@@ -492,6 +514,7 @@ def state(self:EvictingCache, v):
     self.positions, self.scores = arrays[2:4]
     self._set_meta(meta, arrays[4] if len(arrays) == 5 else None)
 
+# %% ../nbs/03_cache.ipynb #5e2af6e1
 @patch(as_prop=True)
 def meta_state(self:EvictingCache):
     "The metadata as strings, as mlx-lm caches expose it."
@@ -507,6 +530,7 @@ def nbytes_bf16(self:EvictingCache)->int:
     "The same storage counted as held on Apple silicon: floating arrays at 2 bytes per element, packed data as is."
     return self.store.nbytes_bf16
 
+# %% ../nbs/03_cache.ipynb #7f92f675
 @patch(as_prop=True)
 def overhead_nbytes(self:EvictingCache)->int:
     "Bytes of the bookkeeping: positions (int32) and scores (float32)."
@@ -518,6 +542,7 @@ def is_trimmable(self:EvictingCache)->bool:
     "Always True, so mlx-lm calls `trim` (which refuses clearly after an eviction) instead of silently skipping it."
     return True
 
+# %% ../nbs/03_cache.ipynb #6a7941b2
 @patch
 def trim(self:EvictingCache, n:int)->int:
     "Drop the newest `n` tokens (only before any eviction); returns how many were dropped."
@@ -548,6 +573,7 @@ def hand_over(self:EvictingCache)->tuple:
     self.store.reset()
     return held, obs
 
+# %% ../nbs/03_cache.ipynb #b6bd28ad
 @patch
 def take_back(self:EvictingCache, held:tuple, # (keys, values, positions, scores)
               obs:tuple|None=None): # the remembered (queries, positions, scale), or None
@@ -582,6 +608,7 @@ def policy_for_score(score:str, # one of `SCORES`
     if score == "attention": return CumulativeAttention()
     return ObservationWindow(obs_window=_check_int("obs_window", obs_window, 1))
 
+# %% ../nbs/03_cache.ipynb #df25f9a8
 class H2OCache(EvictingCache):
     "H2O: `EvictingCache` with the heavy-hitter policy `score` names (the key-as-query proxy by default)."
     method = "h2o"

@@ -41,6 +41,7 @@ class Coordinator:
 # %% ../nbs/04_coordinator.ipynb #d53cbe5e
 SIGNALS = ("key_dispersion", "hidden_cosine")
 
+# %% ../nbs/04_coordinator.ipynb #245a25c9
 class SqueezeCoordinator(Coordinator):
     "Collects per-layer signals and resolves SqueezeAttention's per-layer budgets once."
     def __init__(self, n_layers:int, # attention layers taking part
@@ -168,6 +169,7 @@ class Schedule:
         "Per-layer budgets (exact sum `n_layers * avg_budget`), or a coordinator that sets them later."
         raise NotImplementedError
 
+# %% ../nbs/04_coordinator.ipynb #cdc5d602
 @dataclass
 class Uniform(Schedule):
     "Every layer the average (a windowed layer capped at its window, the rest moved to the others)."
@@ -183,6 +185,7 @@ class Pyramid(Schedule):
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return pyramid_budgets(n_layers, avg_budget, n_sink, self.beta, caps)
 
+# %% ../nbs/04_coordinator.ipynb #71f2eee7
 @dataclass
 class Squeeze(Schedule):
     "SqueezeAttention: budgets measured from the prompt by a `SqueezeCoordinator` (or given up front)."
@@ -291,6 +294,7 @@ class KVFraction(Schedule):
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget)
 
+# %% ../nbs/04_coordinator.ipynb #30bbf4a4
 @dataclass
 class WindowSplit(Schedule):
     "Windowed layers at `window_budget` tokens each, the global layers sharing the rest of `n_layers * avg_budget`."

@@ -98,7 +98,8 @@ class HeldArrays:
 
     def put(self, slot:mx.array, keys, values, at:int|None=None):
         "Newcomers `[B, H, 1, D]` into `slot` `[B, H]` (`at`: the one free slot of every row, written in place)."
-        if at is None: self.keys, self.values = scatter_slot(self.keys, slot, keys), scatter_slot(self.values, slot, values)
+        if at is None:
+            self.keys, self.values = scatter_slot(self.keys, slot, keys), scatter_slot(self.values, slot, values)
         else: self.keys[:, :, at:at + 1], self.values[:, :, at:at + 1] = keys, values
 
     def key_mass(self, positions, new_keys, qpos, window=None, count:int|None=None):
@@ -137,7 +138,8 @@ def decode_step(
     free = count[0] if all(room) and len(set(count)) == 1 else None
     order = store.put(slot, keys, values, free)
     new_pos, zero = mx.broadcast_to(at, (B, H, 1)), mx.zeros((B, H, 1), mx.float32)
-    if order is not None: positions, scores = _follow(positions, new_pos, order, count[0]), _follow(scores, zero, order, count[0])
+    if order is not None:
+        positions, scores = _follow(positions, new_pos, order, count[0]), _follow(scores, zero, order, count[0])
     elif free is not None: positions[:, :, free:free + 1], scores[:, :, free:free + 1] = new_pos, zero
     else: positions, scores = scatter_slot(positions, slot, new_pos), scatter_slot(scores, slot, zero)
     held = max(c + r for c, r in zip(count, room))
@@ -313,8 +315,9 @@ def decode_run(
     held, B, L = HeldArrays(keys, values), keys.shape[0], keys.shape[2]
     for i in range(new_keys.shape[2]):
         one, at = slice(i, i + 1), mx.full((B,), start + i, mx.int32)
-        positions, scores = decode_step(held, positions, scores, new_keys[:, :, one], new_values[:, :, one], at, [L] * B,
-                                        [False] * B, _PROXY, n_sink, window, recent)
+        k, v = new_keys[:, :, one], new_values[:, :, one]
+        positions, scores = decode_step(held, positions, scores, k, v, at, [L] * B, [False] * B, _PROXY, n_sink, window,
+                                        recent)
     return held.keys, held.values, positions, scores
 
 # %% ../nbs/02_h2o.ipynb #85faaac3

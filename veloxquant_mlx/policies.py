@@ -27,6 +27,7 @@ def _check_int(name, value, low, high=None):
         raise ValueError(f"`{name}` must be an integer {rng}, got {value!r}")
     return value
 
+# %% ../nbs/02a_policies.ipynb #2933e6d8
 @dataclass
 class Policy:
     "How a layer scores its tokens and chooses which to keep: override `score` (and declare what it needs)."
@@ -48,7 +49,7 @@ class Policy:
         return scores
 
     def on_keys(self, scores:mx.array, key_mass)->mx.array:
-        "Phase: new keys arrived; the running score `[B, H, L]` (`key_mass()`: their key-as-query mass, computed if asked)."
+        "Phase: new keys arrived (`key_mass()`: their key-as-query mass, computed if asked); the score `[B, H, L]`."
         return scores
 
     def on_window(self, scores:mx.array, obs_mass)->mx.array:
