@@ -152,7 +152,7 @@ EVICTING_CACHE_PUBLIC = {
     "hand_over", "take_back", "advance",
     # what it holds and how much it may hold
     "keys", "values", "positions", "scores", "count", "tokens_kept", "budget", "layer_budget", "store",
-    "nbytes_bf16", "overhead_nbytes", "evicted", "prompt_done", "concentration", "hidden_cosine",
+    "nbytes_bf16", "overhead_nbytes", "evicted", "concentration", "hidden_cosine",
     # its settings
     "method", "n_sink", "window", "policy", "recent", "slack", "compress", "coordinator", "layer_idx", "info",
 }

@@ -82,7 +82,7 @@ class EvictingCache(_BaseCache):
     @property
     def deferring(self)->bool:
         "True while a `prompt_end` layer is still reading its prompt (nothing is chosen yet)."
-        return self.compress == "prompt_end" and not self.prompt_done
+        return self.compress == "prompt_end" and not self._prompt_done
 
     def size(self):
         "Tokens held (mlx-lm's name for it)."
@@ -123,7 +123,7 @@ def reset(self:EvictingCache, **budget):
     "Forget the prompt: empty the layer (a new prompt starts at position 0); `budget=` also sets a new budget."
     self.positions = self.scores = None
     self.store.reset()
-    self.offset, self.count, self.evicted, self.prompt_done = 0, 0, False, False
+    self.offset, self.count, self.evicted, self._prompt_done = 0, 0, False, False
     self._attn_pos, self._pending, self._prompt_end, self._obs_q = None, False, False, None
     self._contiguous = True                             # held positions still a contiguous run (nothing chosen)
     self.concentration = self.hidden_cosine = None
@@ -306,7 +306,7 @@ def _end_of_prompt(self:EvictingCache, n_tokens:int):
     "The prompt has ended at `n_tokens`: a schedule waiting for its length sets the budgets now; nothing is chosen yet."
     co = self.coordinator
     if co is not None: co.prompt_ended(n_tokens)
-    self.prompt_done = True
+    self._prompt_done = True
 
 # %% ../nbs/03_cache.ipynb #72bab8f0
 @patch
@@ -449,11 +449,12 @@ def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, 
 # %% ../nbs/03_cache.ipynb #c2719491
 _META_FIELDS = ("method", "budget", "n_sink", "window", "offset", "count", "evicted", "recent", "slack", "compress",
                 "prompt_done", "layer_idx", "concentration", "hidden_cosine")
+_attr = lambda f: "_prompt_done" if f == "prompt_done" else f   # the saved key, and the attribute holding it
 
 @patch
 def _meta(self:EvictingCache)->dict:
     "Everything but the arrays, as a JSON-able dict."
-    meta = {f: getattr(self, f) for f in _META_FIELDS}
+    meta = {f: getattr(self, _attr(f)) for f in _META_FIELDS}
     meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._recent_asked,
                 slack_asked=self._slack_asked, contiguous=self._contiguous,
                 measure=self._measure, info=self.info)
@@ -468,7 +469,7 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     if type(self).method is not None and meta.get("method") != type(self).method:
         raise ValueError(f"state written by method {meta.get('method')!r} cannot be loaded into a "
                          f"{type(self).__name__} ({type(self).method!r})")
-    for f in _META_FIELDS: setattr(self, f, meta[f])
+    for f in _META_FIELDS: setattr(self, _attr(f), meta[f])
     self.policy = make_policy(meta["policy"], **meta["policy_params"])
     self._recent_asked, self._slack_asked = meta["recent_asked"], meta["slack_asked"]
     self._measure, self.info = meta["measure"], meta["info"]
