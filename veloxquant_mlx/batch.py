@@ -8,23 +8,14 @@ import copy, copyreg, math
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import visible, eviction_priority, scatter_slot
-from .policies import KeyProxy, View
-from .cache import EvictingCache, _EMPTY_POS, _ORIGINAL_SDPA, hook_installed
+from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
+from .cache import EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed
 
 # %% auto #0
-__all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'rows_proxy_mass', 'BatchEvictingCache', 'greedy_alone',
-           'greedy_batched', 'check_batch_layer']
+__all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
+           'check_batch_layer']
 
 # %% ../nbs/03b_batch.ipynb #b3b00007
-def _row_get(r:EvictingCache)->tuple:
-    "A float row's (keys, values, positions, scores): its storage's buffers and its own bookkeeping."
-    return r.store.keys, r.store.values, r.positions, r.scores
-
-def _row_set(r:EvictingCache, arrs:tuple):
-    "Give a float row its (keys, values, positions, scores) (all None: the batch holds them, packed)."
-    r.store.keys, r.store.values, r.positions, r.scores = arrs
-
 def _dtype_named(name:str): return getattr(mx, name)
 
 def _same_dtype(d): # an `mx.Dtype` (a quantized storage records one)
@@ -33,6 +24,8 @@ def _same_dtype(d): # an `mx.Dtype` (a quantized storage records one)
 
 copyreg.pickle(type(mx.float32), _same_dtype)
 
+
+# %% ../nbs/03b_batch.ipynb #19e39078
 def _own_copy(obj):
     "A shallow copy of `obj` (a storage) owning copies of its arrays, those in its tuples included."
     def own(a):
@@ -42,8 +35,8 @@ def _own_copy(obj):
     for k, v in vars(obj).items(): setattr(new, k, own(v))
     return new
 
-def clone_row(cache:EvictingCache, # a one-sequence layer (batch size 1)
-)->EvictingCache:
+# %% ../nbs/03b_batch.ipynb #2c76d55d
+def clone_row(cache:EvictingCache)->EvictingCache: # a one-sequence layer (batch size 1)
     "An independent copy of a one-sequence layer: its own arrays (in-place writes stay private), the same schedule."
     B = None if cache.store.dims is None else cache.store.dims[0]
     if B not in (None, 1):
@@ -73,16 +66,13 @@ def row_weights(queries:mx.array, # `[B, Hq, 1, D]`: one query per row (RoPE app
     ok = visible(positions, qpos[:, None, None], window)                          # [B, H, 1, L]
     return mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
 
+# %% ../nbs/03b_batch.ipynb #cacad58f
 def rows_attention_with_mass(queries, keys, values, positions, qpos, scale, window=None):
     "One decoding step's output `[B, Hq, 1, Dv]` (the values' dtype) and the mass `[B, H, L]` each key receives."
     B, Hq = queries.shape[:2]
     w = row_weights(queries, keys, positions, qpos, scale, window)
     out = (w @ values.astype(mx.float32)).reshape(B, Hq, 1, values.shape[-1])
     return out.astype(values.dtype), w.sum(axis=2)
-
-def rows_proxy_mass(keys, positions, new_keys, qpos, window=None):
-    "Key-as-query mass `[B, H, L]`: each row's newest key (per KV head) stands in for its query."
-    return row_weights(new_keys, keys, positions, qpos, 1.0 / math.sqrt(keys.shape[-1]), window).sum(axis=2)
 
 # %% ../nbs/03b_batch.ipynb #b3b0000d
 class BatchEvictingCache(_BaseCache):
@@ -124,14 +114,19 @@ def merge(cls:BatchEvictingCache, caches:list): # one layer of each request: one
     rows, seen = [clone_row(c) for c in caches], set()
     for c, r in zip(caches, rows):
         co = c.coordinator
-        if co is None or getattr(co, "resolved", True): continue
+        if co is None or co.resolved: continue
         if id(co) in seen:
             raise ValueError("two batch rows share one unresolved schedule (SqueezeAttention's coordinator): give each "
                              "request its own cache list (one make_prompt_cache per prompt)")
         seen.add(id(co))
-        layers = getattr(co, "layers", None)
-        if layers is not None and layers.get(c.layer_idx) is c: layers[c.layer_idx] = r
+        if co.layers.get(c.layer_idx) is c: co.layers[c.layer_idx] = r
     return cls(rows)
+
+# %% ../nbs/03b_batch.ipynb #87b20e3d
+@patch(cls_method=True)
+def merge(cls:EvictingCache, caches:list): # one layer of each request
+    "mlx-lm's batch of one-sequence layers: a `BatchEvictingCache` whose rows keep their own policy."
+    return BatchEvictingCache.merge(caches)
 
 # %% ../nbs/03b_batch.ipynb #b3b00012
 @patch(as_prop=True)
@@ -145,6 +140,7 @@ def nbytes(self:BatchEvictingCache)->int:
     if self._packed is not None: return self._packed[0].nbytes + self._packed[1].nbytes
     return sum(r.nbytes for r in self.rows)
 
+# %% ../nbs/03b_batch.ipynb #164eb750
 @patch(as_prop=True)
 def state(self:BatchEvictingCache)->list:
     "The arrays to evaluate (mlx-lm's `mx.eval([c.state ...])`); `extract` a row to save it."
@@ -157,6 +153,7 @@ def state(self:BatchEvictingCache, v):
     "Refused: a batch layer is saved row by row (`extract(i)` each row, then `save_prompt_cache`)."
     raise ValueError("a BatchEvictingCache is not restored whole: extract(i) each row and save those")
 
+# %% ../nbs/03b_batch.ipynb #79321935
 @patch
 def is_trimmable(self:BatchEvictingCache)->bool:
     "False: batch generation does not trim, and an evicted row cannot be trimmed."
@@ -167,6 +164,7 @@ def trim(self:BatchEvictingCache, n:int):
     "Refused (see `is_trimmable`)."
     raise ValueError("a BatchEvictingCache cannot be trimmed: extract(i) a row and trim that (before any eviction)")
 
+# %% ../nbs/03b_batch.ipynb #9d7256b3
 @patch
 def make_mask(self:BatchEvictingCache, N:int, window_size:int|None=None, return_array:bool=False, **kwargs):
     "None for one token, 'causal' otherwise: the attention hook applies each row's own mask (it must be installed)."
@@ -190,6 +188,7 @@ def finalize(self:BatchEvictingCache):
     "The padded chunk(s) are read: forget the padding (nothing to move: padding was never stored)."
     self._todo = self._skip = None
 
+# %% ../nbs/03b_batch.ipynb #b9bdf093
 @patch
 def _take_spans(self:BatchEvictingCache, N:int)->list:
     "Per row, (first column, tokens) of its own tokens among this pass's `N` columns."
@@ -217,6 +216,7 @@ def _rows_update(self:BatchEvictingCache, keys, values):
                  for b, (r, (a, n)) in enumerate(zip(self.rows, spans))]
     return keys, values
 
+# %% ../nbs/03b_batch.ipynb #be0ec850
 @patch
 def _rows_attention(self:BatchEvictingCache, queries, scale, sinks, v_dim:int, dtype):
     "Every row's attention over what it holds, in its own columns (zeros where a row has no token)."
@@ -243,9 +243,11 @@ def _fast_ok(self:BatchEvictingCache, N:int)->bool:
     if not self.fast or N != 1 or self._skip is not None or self._todo is not None or not self.rows: return False
     if self._packed is not None: return True
     r0 = self.rows[0]
-    return all(r.keys is not None and not r.store.quantized and self._steady(r) and type(r.policy) is type(r0.policy)
-               and r.window == r0.window and r.n_sink == r0.n_sink for r in self.rows)   # quantized: row by row
+    return all(r.keys is not None and isinstance(r.store, HeldArrays) and self._steady(r)
+               and type(r.policy) is type(r0.policy) and r.window == r0.window and r.n_sink == r0.n_sink
+               for r in self.rows)   # quantized: row by row
 
+# %% ../nbs/03b_batch.ipynb #9bf3a1c1
 @patch
 def update_and_fetch(self:BatchEvictingCache, keys, values):
     "Store each row's incoming `[B, n_kv_heads, S, head_dim]` tokens (padding dropped); vectorised when decoding."
@@ -270,6 +272,7 @@ def _width_needed(self:BatchEvictingCache)->int:
     e = self._extra()
     return max(min(r.count + 1, r.budget + e) for r in self.rows)
 
+# %% ../nbs/03b_batch.ipynb #65c73913
 @patch
 def _pad_to(self:BatchEvictingCache, arrs:tuple, L:int)->tuple:
     "(keys, values, positions, scores) widened to `L` slots (new slots empty)."
@@ -278,6 +281,7 @@ def _pad_to(self:BatchEvictingCache, arrs:tuple, L:int)->tuple:
     pad = lambda a, fill: mx.pad(a, [(0, 0), (0, 0), (0, n)] + [(0, 0)] * (a.ndim - 3), constant_values=fill)
     return tuple(pad(a, f) for a, f in zip(arrs, (0, 0, _EMPTY_POS, 0)))
 
+# %% ../nbs/03b_batch.ipynb #85fec357
 @patch
 def _pack_obs(self:BatchEvictingCache, obs:list, w:int)->list:
     "The rows' remembered queries as [Q `[B, Hq, w, D]`, their positions `[B, w]`, counts, scale], left-padded."
@@ -291,19 +295,19 @@ def _pack_obs(self:BatchEvictingCache, obs:list, w:int)->list:
            mx.pad(o[1].astype(mx.int32), [(w - o[1].shape[0], 0)], constant_values=-1) for o in obs]
     return [mx.concatenate(qs, axis=0), mx.stack(qps), n_obs, have[0][2]]
 
+# %% ../nbs/03b_batch.ipynb #782ff1ea
 @patch
 def _pack(self:BatchEvictingCache):
     "Move the rows' arrays into batched buffers (row b in slots [0, count_b)); the rows keep only their metadata."
     rows, e = self.rows, self._extra()
     L = min(max(r.budget + e for r in rows), self._width_needed())
-    per = [self._pad_to(tuple(a[:, :, :r.count] for a in _row_get(r)), L) for r in rows]
+    given = [r.hand_over() for r in rows]
+    per = [self._pad_to(held, L) for held, _ in given]
     self._packed = tuple(mx.concatenate([p[i] for p in per], axis=0) for i in range(4))
     w = max(r.policy.obs_window for r in rows)
-    self._obs = self._pack_obs([r._obs_q for r in rows], w) if w else None
-    for r in rows:
-        _row_set(r, (None,) * 4)
-        r._obs_q = None
+    self._obs = self._pack_obs([obs for _, obs in given], w) if w else None
 
+# %% ../nbs/03b_batch.ipynb #1960cf2a
 @patch
 def _obs_row(self:BatchEvictingCache, b:int):
     "Row b's remembered (queries, positions, scale), or None."
@@ -318,12 +322,11 @@ def _row_arrays(self:BatchEvictingCache, b:int)->tuple:
     "Row b's (keys, values, positions, scores) out of the packed buffers, as its own arrays."
     return tuple(mx.contiguous(a[b:b + 1, :, :self.rows[b].count]) for a in self._packed)
 
+# %% ../nbs/03b_batch.ipynb #3e290cc6
 @patch
 def _unpack(self:BatchEvictingCache):
     "Give every row its arrays back (before a row-by-row pass)."
-    for b, r in enumerate(self.rows):
-        _row_set(r, self._row_arrays(b))
-        r._obs_q = self._obs_row(b)
+    for b, r in enumerate(self.rows): r.take_back(self._row_arrays(b), self._obs_row(b))
     self._packed = self._obs = None
 
 @patch
@@ -332,36 +335,26 @@ def _ensure_width(self:BatchEvictingCache):
     need = self._width_needed()
     if need <= self._packed[0].shape[2]: return
     cap = max(r.budget + self._extra() for r in self.rows)
-    stepped = EvictingCache.step * math.ceil(need / EvictingCache.step)
+    stepped = _GROW_STEP * math.ceil(need / _GROW_STEP)
     self._packed = self._pad_to(self._packed, max(need, min(cap, stepped)))
 
 # %% ../nbs/03b_batch.ipynb #b3b0001f
 @patch
 def _fast_update(self:BatchEvictingCache, keys, values):
-    "One token per row, all rows at once; returns the packed buffers (what every row attends over)."
+    "One token per row, all rows at once: `decode_step` with B = n; returns the packed buffers every row attends over."
     if self._packed is None: self._pack()
     self._ensure_width()
     K, V, P, S = self._packed
     rows, p, r0 = self.rows, self.rows[0].policy, self.rows[0]
-    B, H = keys.shape[:2]
     room = [r.count < r.budget for r in rows]
+    free = [x or p.evict_after for x in room]                 # TOVA attends over budget + 1 first, then drops one
     start = mx.array([r.offset for r in rows], mx.int32)
-    slot = mx.broadcast_to(mx.array([r.count for r in rows], mx.int32)[:, None], (B, H))
-    if not p.evict_after:
-        nxt = start[:, None, None]
-        recent = mx.array([r.recent for r in rows], mx.int32)[:, None, None]
-        victim = mx.argmin(eviction_priority(p.score(View(S, P, nxt)), P, r0.n_sink, nxt, r0.window, recent), axis=-1)
-        slot = mx.where(mx.array(room)[:, None], slot, victim.astype(mx.int32))
-    K, V = scatter_slot(K, slot, keys), scatter_slot(V, slot, values)
-    P = scatter_slot(P, slot, mx.broadcast_to(start[:, None, None], (B, H, 1)))
-    S = scatter_slot(S, slot, mx.zeros((B, H, 1), mx.float32))
-    if isinstance(p, KeyProxy): S = S + rows_proxy_mass(K, P, keys, start, r0.window)
-    for r, rm in zip(rows, room):
-        r.offset += 1
-        r.count += rm
-        if not (rm or p.evict_after): r.evicted, r._contiguous = True, False     # a slot changed hands
-    self._packed, self._step = (K, V, P, S), (start, [not x for x in room])
-    return K, V
+    recent = mx.array([r.recent for r in rows], mx.int32)[:, None, None]
+    held = HeldArrays(K, V)
+    P, S = decode_step(held, P, S, keys, values, start, [r.count for r in rows], free, p, r0.n_sink, r0.window, recent)
+    for r, x in zip(rows, free): r.advance(1, r.count < r.budget, not x)   # the row counts; the batch holds the arrays
+    self._packed, self._step = (held.keys, held.values, P, S), (start, [not x for x in room])
+    return held.keys, held.values
 
 # %% ../nbs/03b_batch.ipynb #b3b00021
 @patch
@@ -370,12 +363,15 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     (K, V, P, S), (start, full) = self._packed, self._step
     self._step = None
     p, window = self.rows[0].policy, self.rows[0].window
-    if p.needs_queries and p.wants_mass(decode=True):
+    got = {}                                              # the output, if the policy's mass brought it
+    def mass():
         if sinks is not None:
             raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; "
                                       "use 'key_proxy'")
-        out, mass = rows_attention_with_mass(queries, K, V, P, start, scale, window)
-        S = S + mass
+        got["out"], m = rows_attention_with_mass(queries, K, V, P, start, scale, window)
+        return m
+    S = p.on_queries(S, mass, True)
+    if "out" in got: out = got["out"]
     else:
         B, Hq, _, _ = queries.shape
         H, L = K.shape[1], K.shape[2]
@@ -388,6 +384,7 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     self._packed = (K, V, P, S)
     return mx.depends(out, deps)
 
+# %% ../nbs/03b_batch.ipynb #ece7d1a6
 @patch
 def _roll_obs(self:BatchEvictingCache, queries, start, scale)->list:
     "Remember this step's queries (the newest of each row's window); returns the new arrays."
@@ -417,7 +414,7 @@ def _drop_one(self:BatchEvictingCache, queries, arrs:tuple, start, full:list, sc
     K, V, P, S = (scatter_slot(a, to, take(a)) for a in (K, V, P, S))
     gone = isfull & (mx.arange(L)[None, None] == last[..., None])
     for r, f in zip(rows, full):
-        if f: r.evicted, r._contiguous = True, False
+        if f: r.advance(0, False, True)
     return K, V, mx.where(gone, _EMPTY_POS, P), mx.where(gone, 0.0, S)
 
 # %% ../nbs/03b_batch.ipynb #b3b00027
@@ -436,12 +433,14 @@ def filter(self:BatchEvictingCache, batch_indices): # the rows to keep, in order
     cap = max(r.budget + self._extra() for r in self.rows)
     if self._packed[0].shape[2] > cap: self._packed = tuple(a[:, :, :cap] for a in self._packed)
 
+# %% ../nbs/03b_batch.ipynb #656fad12
 @patch
 def _alike(self:BatchEvictingCache, other:BatchEvictingCache)->bool:
     "True when two packed batches decode by the same rule (policy class, window, sinks)."
     a, b = self.rows[0], other.rows[0]
     return type(a.policy) is type(b.policy) and a.window == b.window and a.n_sink == b.n_sink
 
+# %% ../nbs/03b_batch.ipynb #4d3ad397
 @patch
 def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer of the same model layer
     "Append `other`'s rows (requests joining a running batch)."
@@ -465,15 +464,15 @@ def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer o
         if other._packed is not None: other._unpack()
     self.rows = self.rows + other.rows
 
+# %% ../nbs/03b_batch.ipynb #0aae204a
 @patch
 def extract(self:BatchEvictingCache, idx:int)->EvictingCache:
     "Row `idx` as an independent one-sequence layer (to save, resume, or store for prompt reuse)."
     r = self.rows[idx]
     if self._packed is None: return clone_row(r)
     row = copy.copy(r)
-    row.store = copy.copy(r.store)
-    _row_set(row, self._row_arrays(idx))
-    row._obs_q, row.info = self._obs_row(idx), dict(r.info)
+    row.store, row.info = copy.copy(r.store), dict(r.info)
+    row.take_back(self._row_arrays(idx), self._obs_row(idx))
     return row
 
 # %% ../nbs/03b_batch.ipynb #b3b0002a
@@ -495,11 +494,12 @@ def greedy_alone(model, prompt:list, caches:list, max_tokens:int, prefill_step_s
     return [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=caches,
                                         prefill_step_size=prefill_step_size, sampler=lambda x: mx.argmax(x, axis=-1))]
 
+
+# %% ../nbs/03b_batch.ipynb #ad8129ef
 def greedy_batched(model, prompts:list, caches:list, max_tokens, # an int, or one per prompt
                    arrivals:list|None=None, # generator step at which each prompt is inserted (None: all at once)
                    on_step=None, # called with the generator after every step (to check the live batch)
-                   **kwargs, # more `BatchGenerator` arguments (prefill_step_size, completion_batch_size, ...)
-)->tuple:
+                   **kwargs)->tuple: # more `BatchGenerator` arguments (prefill_step_size, completion_batch_size, ...)
     "Greedy tokens and the extracted caches of `prompts` decoded together by mlx-lm's `BatchGenerator`."
     from mlx_lm.generate import BatchGenerator
     n = len(prompts)

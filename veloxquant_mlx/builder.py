@@ -425,7 +425,7 @@ def cache_summary(caches)->list:
         except Exception: nb = None
         store = getattr(c, "store", None)
         rows.append(dict(layer=i, kind=type(c).__name__, method=getattr(c, "method", None),
-                         bits=getattr(store, "bits", None) if getattr(store, "quantized", False) else None,
+                         bits=getattr(store, "bits", None),
                          budget=getattr(c, "layer_budget", None), tokens_kept=kept, offset=getattr(c, "offset", None),
                          concentration=getattr(c, "concentration", None),
                          hidden_cosine=getattr(c, "hidden_cosine", None),

@@ -10,11 +10,12 @@ import mlx_lm.models.base as mlx_base
 import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import check_kv, visible, proxy_mass, eviction_priority, scatter_slot
-from .policies import (Policy, View, KeyProxy, CumulativeAttention, ObservationWindow, make_policy,
+from .h2o import check_kv, visible, decode_step, View
+from .policies import (Policy, KeyProxy, CumulativeAttention, ObservationWindow, make_policy,
                                      _check_int)
 from .proxy import layer_concentration
 from .storage import Storage, FloatStorage, storage_from_meta
+from .coordinator import Coordinator
 
 # %% auto #0
 __all__ = ['COMPRESS', 'SCORES', 'EvictingCache', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
@@ -23,12 +24,12 @@ __all__ = ['COMPRESS', 'SCORES', 'EvictingCache', 'install_attention_hook', 'rem
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
+_GROW_STEP = 256  # buffers grow in steps of this many tokens (as mlx-lm's KVCache), never beyond the budget
 COMPRESS = ("chunk", "prompt_end")  # when a layer chooses what to keep
 
 # %% ../nbs/03_cache.ipynb #23c00af3
 class EvictingCache(_BaseCache):
     "One attention layer's KV cache holding at most `budget` tokens; its `policy` chooses which."
-    step = 256 # buffers grow in steps of this many tokens (as mlx-lm's KVCache), never beyond the budget
     method = None # the registry name of a preset class (None: recorded per instance)
     _veloxquant_evicting = True # what the attention hook looks for (duck-typed: every copy of the class is recognised)
 
@@ -56,7 +57,9 @@ class EvictingCache(_BaseCache):
         self.slack = self._slack_asked = _check_int("slack", slack, 0)
         self.method = method or type(self).method or policy.name
         self.layer_idx, self.coordinator = layer_idx, coordinator
-        self._measure = measure or getattr(coordinator, "signal", None) is not None   # a schedule measuring the prompt
+        if coordinator is not None and not isinstance(coordinator, Coordinator):
+            raise TypeError(f"`coordinator` must be a Coordinator, got {type(coordinator).__name__}")
+        self._measure = measure or (coordinator is not None and coordinator.signal is not None)   # measuring the prompt
         self.info = dict(info or {})
         if storage is not None and not isinstance(storage, Storage):
             raise TypeError(f"`storage` must be a Storage, got {type(storage).__name__}")
@@ -77,14 +80,9 @@ class EvictingCache(_BaseCache):
         return self.count
 
     @property
-    def compression_ratio(self):
-        "Tokens seen per token kept (1.0 before any eviction)."
-        return self.offset / self.count if self.count else 1.0
-
-    @property
     def deferring(self)->bool:
         "True while a `prompt_end` layer is still reading its prompt (nothing is chosen yet)."
-        return self.compress == "prompt_end" and not self.prompt_done
+        return self.compress == "prompt_end" and not self._prompt_done
 
     def size(self):
         "Tokens held (mlx-lm's name for it)."
@@ -109,6 +107,7 @@ def _set_budget(self:EvictingCache, budget:int):
                          "a decode step needs one evictable slot")
     self.budget = budget
 
+# %% ../nbs/03_cache.ipynb #97eb4071
 @patch
 def adopt_budget(self:EvictingCache, budget:int):
     "Take a budget from a schedule and trim what is held to it by the policy (the recent window shrinks to fit)."
@@ -118,12 +117,13 @@ def adopt_budget(self:EvictingCache, budget:int):
     self._set_budget(budget)
     if not self._pending and self._select_due(): self._select(self.offset)
 
+# %% ../nbs/03_cache.ipynb #58af13bf
 @patch
 def reset(self:EvictingCache, **budget):
     "Forget the prompt: empty the layer (a new prompt starts at position 0); `budget=` also sets a new budget."
     self.positions = self.scores = None
     self.store.reset()
-    self.offset, self.count, self.evicted, self.prompt_done = 0, 0, False, False
+    self.offset, self.count, self.evicted, self._prompt_done = 0, 0, False, False
     self._attn_pos, self._pending, self._prompt_end, self._obs_q = None, False, False, None
     self._contiguous = True                             # held positions still a contiguous run (nothing chosen)
     self.concentration = self.hidden_cosine = None
@@ -149,23 +149,12 @@ def _settle(self:EvictingCache):
     "The forward pass is over and the layer has chosen: the storage stores what is held in its lasting form."
     if not self.deferring: self.store.settle()
 
+# %% ../nbs/03_cache.ipynb #87ea9ef3
 @patch
-def _key_mass(self:EvictingCache, query_keys, qpos):
-    "Key-as-query mass `query_keys` `[B, H, Q, D]` at positions `qpos` give every slot (the proxy policy's score)."
-    if not self.store.quantized: return proxy_mass(self.store.keys, self.positions, query_keys, qpos, self.window)
-    keys = self.store.view(self.count)[0]
-    scale = 1.0 / math.sqrt(query_keys.shape[-1])
-    mass = self.store.query_mass(query_keys, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
-    return self._add_scores(self.scores, mass)
-
-@patch
-def _observe_keys(self:EvictingCache, scores, new_keys, new_pos):
-    "The policy's running score after `new_keys` arrive (on quantized storage the proxy reads the stored form)."
-    if not self.store.quantized:
-        return self.policy.observe_keys(scores, self.store.keys, self.positions, new_keys, new_pos, self.window)
-    if isinstance(self.policy, KeyProxy): return scores + self._key_mass(new_keys, new_pos)
-    return self.policy.observe_keys(scores, self.store.view(self.count)[0], self.positions, new_keys, new_pos,
-                                    self.window)
+def _on_keys(self:EvictingCache, new_keys, qpos, sign:float=1.0):
+    "The policy's phase for keys `[B, H, Q, D]` at `qpos` arriving (`sign=-1`: taken back); the storage gives the mass."
+    mass = lambda: self.store.key_mass(self.positions, new_keys, qpos, self.window, self.count)
+    self.scores = self.policy.on_keys(self.scores, mass if sign > 0 else lambda: -mass())
 
 @patch
 def _check_hook(self:EvictingCache):
@@ -187,11 +176,12 @@ def _check_incoming(self:EvictingCache, keys, values):
                 raise ValueError(f"`{nm}` of shape {tuple(new.shape)} does not match the cache's "
                                  f"[B, n_kv_heads, *, head_dim] = {tuple(dims[:2])}, {d}")
 
+# %% ../nbs/03_cache.ipynb #c40c2461
 @patch
 def update_and_fetch(self:EvictingCache, keys, values):
     "Store the incoming `[B, n_kv_heads, S, head_dim]` keys/values; return what this forward pass attends over."
     self._check_incoming(keys, values)
-    if self.store.quantized and self.store.empty(): self._check_hook()
+    if self.store.needs_hook and self.store.empty(): self._check_hook()
     if self._pending:
         raise RuntimeError(f"policy {self.policy.name!r} needs the attention hook to score and trim after attention: "
                            "install it with veloxquant_mlx.cache.install_attention_hook() "
@@ -202,8 +192,9 @@ def update_and_fetch(self:EvictingCache, keys, values):
     if self._prompt_end: self._end_of_prompt(start + 1)
     self.offset += N
     if N == 1 and not self.store.empty():
-        if self.budget is None or self.count < self.budget: return self._update_in_place(keys, values, start)
-        if not self._prompt_end and not self.policy.evict_after: return self._update_evict_slot(keys, values, start)
+        room = self.budget is None or self.count < self.budget
+        if room or not (self._prompt_end or self.policy.evict_after):
+            return self._update_decode(keys, values, start, room)
     return self._update_concat(keys, values, start)
 
 # %% ../nbs/03_cache.ipynb #1eaa91d5
@@ -213,7 +204,7 @@ def _before_update(self:EvictingCache, keys):
     if self.concentration is not None or not self._measure: return
     self.concentration = layer_concentration(keys)          # one host sync per layer, once per prompt
     co = self.coordinator
-    if co is not None and getattr(co, "signal", None) == "key_dispersion": co.report(self.layer_idx, self.concentration)
+    if co is not None and co.signal == "key_dispersion": co.report(self.layer_idx, self.concentration)
 
 # %% ../nbs/03_cache.ipynb #1232b873
 @patch
@@ -221,7 +212,7 @@ def _grow(self:EvictingCache, n_new:int):
     "Make room for `n_new` more tokens in place (steps of `step`, never beyond the budget)."
     need, cap = self.count + n_new, self.positions.shape[2]
     if need <= cap: return
-    new_cap = self.step * math.ceil(need / self.step)
+    new_cap = _GROW_STEP * math.ceil(need / _GROW_STEP)
     if self.budget is not None: new_cap = min(max(new_cap, need), self.budget)
     B, H = self.positions.shape[:2]
     def pad(a, fill, dt, *tail):
@@ -230,38 +221,28 @@ def _grow(self:EvictingCache, n_new:int):
     self.positions = pad(self.positions, _EMPTY_POS, mx.int32)
     self.scores = pad(self.scores, 0, mx.float32)
 
+# %% ../nbs/03_cache.ipynb #04f4d761
 @patch
-def _update_in_place(self:EvictingCache, keys, values, start:int):
-    "One token and room left: write it at slot `count`; return the held tokens."
-    self._grow(1)
-    i = self.count
-    self.store.write(i, keys, values)
-    self.positions[:, :, i:i + 1] = start
-    self.scores[:, :, i:i + 1] = 0.0
-    self.count += 1
-    self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
+def _update_decode(self:EvictingCache, keys, values, start:int, room:bool):
+    "One token: `decode_step` with B = 1 (its free slot while there is room, else its victim's); the held tokens."
+    if room: self._grow(1)
+    self.positions, self.scores = decode_step(self.store, self.positions, self.scores, keys, values,
+                                              mx.array([start], mx.int32), [self.count], [room], self.policy,
+                                              self.n_sink, self.window, self.recent)
+    self.advance(0, room, not room)                      # `update_and_fetch` has counted the token seen
     self._attn_pos = self.positions[:, :, :self.count] if self.count < self.positions.shape[2] else self.positions
     kv = self.store.view(self.count)
-    self._settle()
+    if room: self._settle()
     return kv
 
+# %% ../nbs/03_cache.ipynb #b75b21af
 @patch
-def _update_evict_slot(self:EvictingCache, keys, values, start:int):
-    "One token and a full layer: the lowest-priority token's slot takes the newcomer; return the whole buffer."
-    rank = self.policy.score(View(self.scores, self.positions, start))
-    victim = mx.argmin(eviction_priority(rank, self.positions, self.n_sink, start, self.window, self.recent), axis=-1)
-    order = self.store.replace(victim, keys, values)
-    new_pos, zero = mx.full(victim.shape + (1,), start, mx.int32), mx.zeros(victim.shape + (1,), mx.float32)
-    if order is None:                                    # the newcomer took the victim's slot
-        self.positions = scatter_slot(self.positions, victim, new_pos)
-        self.scores = scatter_slot(self.scores, victim, zero)
-    else:                                                # the storage moved tokens: positions and scores follow
-        follow = lambda a, new: mx.take_along_axis(mx.concatenate([a[:, :, :self.count], new], axis=2), order, axis=2)
-        self.positions, self.scores = follow(self.positions, new_pos), follow(self.scores, zero)
-    self.scores = self._observe_keys(self.scores, keys, mx.array([start]))
-    self.evicted, self._contiguous = True, False
-    self._attn_pos = self.positions
-    return self.store.view(self.count)
+def advance(self:EvictingCache, seen:int=1, # tokens more seen (the offset)
+            grew:bool=False, # one more token held (it took a free slot)
+            evicted:bool=False): # a held token gave up its slot
+    "Count a decoding step (one of a batch's vectorised steps too: the batch holds the arrays, the row counts)."
+    self.offset, self.count = self.offset + seen, self.count + int(grew)
+    if evicted: self.evicted, self._contiguous = True, False
 
 # %% ../nbs/03_cache.ipynb #dde5fb2f
 @patch
@@ -276,6 +257,7 @@ def _held(self:EvictingCache, start:int):
     if order is None: return tuple(a[:, :, drop:self.count] for a in (self.positions, self.scores))
     return tuple(mx.take_along_axis(a[:, :, :self.count], order, axis=2) for a in (self.positions, self.scores))
 
+# %% ../nbs/03_cache.ipynb #8eb7384c
 @patch
 def _update_concat(self:EvictingCache, keys, values, start:int):
     "A chunk (or a token that must be judged after attention): return `held ++ chunk`; keep what the policy chooses."
@@ -287,13 +269,14 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     self.store.append(keys, values)
     self.positions, self.scores = cand
     self.count, self._attn_pos = cand[0].shape[2], cand[0]
-    self.scores = self._observe_keys(self.scores, keys, new_pos)
+    self._on_keys(keys, new_pos)
     kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
     elif self._select_due(): self._select(start + N)
     if not self._pending: self._settle()
     return kv
 
+# %% ../nbs/03_cache.ipynb #d11c0dd8
 @patch
 def _target(self:EvictingCache, decode:bool=False)->int:
     "Tokens a choice keeps: the budget after a decoding step, `budget - slack` after a chunk or a prompt's end."
@@ -304,6 +287,7 @@ def _select_due(self:EvictingCache, decode:bool=False)->bool:
     "True when what is held must be cut now."
     return self.budget is not None and not self.deferring and self.count > self._target(decode)
 
+# %% ../nbs/03_cache.ipynb #90607af1
 @patch
 def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     "Keep the tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
@@ -316,12 +300,13 @@ def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     self.count, self.evicted, self._contiguous = n, True, False
     self._settle()
 
+# %% ../nbs/03_cache.ipynb #0e36d4e5
 @patch
 def _end_of_prompt(self:EvictingCache, n_tokens:int):
     "The prompt has ended at `n_tokens`: a schedule waiting for its length sets the budgets now; nothing is chosen yet."
     co = self.coordinator
-    if co is not None and hasattr(co, "prompt_ended"): co.prompt_ended(n_tokens)
-    self.prompt_done = True
+    if co is not None: co.prompt_ended(n_tokens)
+    self._prompt_done = True
 
 # %% ../nbs/03_cache.ipynb #72bab8f0
 @patch
@@ -333,7 +318,7 @@ def end_prompt(self:EvictingCache):
         q, qpos, scale = self._obs_q
         keys = self.store.view(self.count)[0]
         obs = self.store.query_mass(q, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
-        self.scores = self.policy.observe_window(self.scores[:, :, :self.count], obs)
+        self.scores = self.policy.on_window(self.scores[:, :, :self.count], lambda: obs)
     elif self.policy.obs_window: raise RuntimeError("end_prompt(): no queries seen yet (the attention hook is needed)")
     if self._select_due(): self._select(self.offset)
 
@@ -364,6 +349,7 @@ _hooked_sdpa._veloxquant_hook = True
 
 def _is_ours(f): return f is _ORIGINAL_SDPA or getattr(f, "_veloxquant_hook", False)
 
+# %% ../nbs/03_cache.ipynb #fe5d3930
 def _model_modules():
     import sys
     return [m for n, m in list(sys.modules.items()) if n.startswith("mlx_lm.models.") and m is not None
@@ -377,6 +363,7 @@ def remove_attention_hook():
     "Restore mlx-lm's own attention function everywhere."
     for m in _model_modules(): m.scaled_dot_product_attention = _ORIGINAL_SDPA
 
+# %% ../nbs/03_cache.ipynb #19f5fd65
 def hook_installed()->bool:
     "True when the attention hook is in place in every loaded mlx-lm model module."
     mods = _model_modules()
@@ -387,6 +374,7 @@ def hook_installed()->bool:
 def _remember(self:EvictingCache, queries, qpos, scale:float):
     "Keep the last `obs_window` queries seen (this pass's and, if it is shorter, the previous ones)."
     w = self.policy.obs_window
+    if not w: return
     if self._obs_q is not None and queries.shape[2] < w:
         queries = mx.concatenate([self._obs_q[0], queries], axis=2)
         qpos = mx.concatenate([self._obs_q[1], qpos])
@@ -394,19 +382,30 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
 
 @patch
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
-    "mlx-lm's fast attention with this layer's mask (a windowed layer's own, over its kept positions)."
-    N = queries.shape[2]
-    if self.store.quantized:
-        if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
-        return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, self.window)
-    if self.window is None: m = None if N == 1 else "causal"
-    elif N == 1 and self._contiguous and self.count <= self.window: m = None   # nothing evicted: all held visible
-    else:                                  # one token too: a token kept at a choice may since have left the window
-        m = visible(self._attn_pos, qpos, self.window)                     # [B, H_kv, N, L]
-        rep = queries.shape[1] // m.shape[1]
-        if rep > 1: m = mx.repeat(m, rep, axis=1)
-    return _ORIGINAL_SDPA(queries, keys, values, cache=self, scale=scale, mask=m, sinks=sinks)
+    "The storage's attention with this layer's mask (no window to apply while one query sees every held token)."
+    seen = self.window is None or (queries.shape[2] == 1 and self._contiguous and self.count <= self.window)
+    window = None if seen else self.window
+    return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, window, sinks)
 
+# %% ../nbs/03_cache.ipynb #3657e581
+@patch
+def _query_mass(self:EvictingCache, got:dict, queries, keys, values, qpos, scale, sinks, output:bool):
+    "The mass `[B, H, L]` the queries give each held token; the attention output with it into `got` (one softmax)."
+    if sinks is not None:
+        raise NotImplementedError(f"policy {self.policy.name!r} does not support models with attention sinks; "
+                                  "use 'key_proxy'")
+    args = (self._attn_pos, qpos, scale, self.window)
+    if output: got["out"], m = self.store.attention_with_mass(queries, keys, values, *args)
+    else: got["out"], m = None, self.store.query_mass(queries, keys, *args)
+    return self._add_scores(self.scores, m)
+
+@patch
+def _window_mass(self:EvictingCache, keys, scale):
+    "The mass the remembered observation queries give each held token."
+    q, oqpos, _ = self._obs_q
+    return self._add_scores(self.scores, self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window))
+
+# %% ../nbs/03_cache.ipynb #ff131426
 @patch
 def _add_scores(self:EvictingCache, scores, extra):
     "`extra` `[B, H, L]` aligned with the first L slots of `scores` (the rest of a preallocated buffer gets none)."
@@ -414,6 +413,7 @@ def _add_scores(self:EvictingCache, scores, extra):
     if L < scores.shape[-1]: extra = mx.pad(extra, [(0, 0), (0, 0), (0, scores.shape[-1] - L)])
     return extra
 
+# %% ../nbs/03_cache.ipynb #32e5ec06
 @patch
 def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks=None,
               output:bool=True): # False: only let the policy observe (a harness that has the output already)
@@ -422,33 +422,19 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     qpos = mx.arange(self.offset - N, self.offset, dtype=mx.int32)
     decode = N == 1 and not self._prompt_end
     due = self._pending and self._select_due(decode)
-    window_due = p.obs_window > 0 and (due or self._prompt_end or (N > 1 and not self.deferring))
-    if p.obs_window: self._remember(queries, qpos, scale)
-    out = None
-    if p.needs_queries and p.wants_mass(decode=N == 1 and not window_due):
-        if sinks is not None:
-            raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; "
-                                      "use 'key_proxy'")
-        if output: out, mass = self.store.attention_with_mass(queries, keys, values, self._attn_pos, qpos, scale,
-                                                              self.window)
-        else: mass = self.store.query_mass(queries, keys, self._attn_pos, qpos, scale, self.window)
-        self.scores = self.scores + self._add_scores(self.scores, mass)
-    elif output: out = self._plain_attention(queries, keys, values, scale, sinks, qpos)
-    if window_due:
-        q, oqpos, _ = self._obs_q
-        obs = self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window)
-        self.scores = p.observe_window(self.scores, self._add_scores(self.scores, obs))
+    choosing = due or self._prompt_end or (N > 1 and not self.deferring)
+    self._remember(queries, qpos, scale)
+    got = {}                                              # the output, if the policy's mass brought it
+    mass = lambda: self._query_mass(got, queries, keys, values, qpos, scale, sinks, output)
+    self.scores = p.on_queries(self.scores, mass, N == 1 and not choosing)
+    if "out" not in got and output: got["out"] = self._plain_attention(queries, keys, values, scale, sinks, qpos)
+    if choosing: self.scores = p.on_window(self.scores, lambda: self._window_mass(keys, scale))
     self._prompt_end = False
     if self._pending:
         self._pending = False
         if due: self._select(self.offset, decode)
         self._settle()
-    return out
-
-@patch
-def count_held(self:EvictingCache)->int:
-    "Tokens physically held (a pending chunk included)."
-    return self.count
+    return got.get("out")
 
 # %% ../nbs/03_cache.ipynb #ab7a7274
 def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, window=None):
@@ -463,11 +449,12 @@ def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, 
 # %% ../nbs/03_cache.ipynb #c2719491
 _META_FIELDS = ("method", "budget", "n_sink", "window", "offset", "count", "evicted", "recent", "slack", "compress",
                 "prompt_done", "layer_idx", "concentration", "hidden_cosine")
+_attr = lambda f: "_prompt_done" if f == "prompt_done" else f   # the saved key, and the attribute holding it
 
 @patch
 def _meta(self:EvictingCache)->dict:
     "Everything but the arrays, as a JSON-able dict."
-    meta = {f: getattr(self, f) for f in _META_FIELDS}
+    meta = {f: getattr(self, _attr(f)) for f in _META_FIELDS}
     meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._recent_asked,
                 slack_asked=self._slack_asked, contiguous=self._contiguous,
                 measure=self._measure, info=self.info)
@@ -475,13 +462,14 @@ def _meta(self:EvictingCache)->dict:
     if self.store.meta() is not None: meta.update(storage=self.store.meta())
     return meta
 
+# %% ../nbs/03_cache.ipynb #cdb6330d
 @patch
 def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     "Restore from `meta` (checked: a state of another method, or an inconsistent one, is refused by name)."
     if type(self).method is not None and meta.get("method") != type(self).method:
         raise ValueError(f"state written by method {meta.get('method')!r} cannot be loaded into a "
                          f"{type(self).__name__} ({type(self).method!r})")
-    for f in _META_FIELDS: setattr(self, f, meta[f])
+    for f in _META_FIELDS: setattr(self, _attr(f), meta[f])
     self.policy = make_policy(meta["policy"], **meta["policy_params"])
     self._recent_asked, self._slack_asked = meta["recent_asked"], meta["slack_asked"]
     self._measure, self.info = meta["measure"], meta["info"]
@@ -491,6 +479,7 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
     self._check_meta()
 
+# %% ../nbs/03_cache.ipynb #3ae35ac4
 @patch
 def _check_meta(self:EvictingCache):
     "A loaded state must be self-consistent, or it fails later deep inside MLX: check it here, naming the field."
@@ -500,14 +489,12 @@ def _check_meta(self:EvictingCache):
     if self.budget is not None: _check_int("budget", self.budget, self.n_sink + 1)
     if self.budget is not None and self.count > self.budget and not self.deferring:
         raise ValueError(f"state holds count={self.count} tokens, more than its budget={self.budget}")
-    held = self.store.slots
-    if self.count > held: raise ValueError(f"state says count={self.count} but its keys hold {held} slots")
-    if self.store.quantized and self.store.scheme == "kivi" and self.count != held:
-        raise ValueError(f"state says count={self.count} but its KIVI storage holds {held} slots")
+    self.store.check_count(self.count)
     lengths = {*self.store.slot_lengths(), self.positions.shape[-1], self.scores.shape[-1]}
     if not self.store.empty() and len(lengths) > 1:
         raise ValueError("state arrays disagree in length: keys, values, positions and scores must have one slot each")
 
+# %% ../nbs/03_cache.ipynb #d3ccc205
 @patch(as_prop=True)
 def state(self:EvictingCache):
     "Keys, values, positions, scores (the observation queries while a prompt is read) and the metadata as JSON."
@@ -515,6 +502,7 @@ def state(self:EvictingCache):
     if self._obs_q is not None: arrays += (self._obs_q[0],)
     return (*arrays, json.dumps(self._meta()))
 
+# %% ../nbs/03_cache.ipynb #78bca1f7
 @patch(set_prop=True)
 def state(self:EvictingCache, v):
     "Restore a layer from what `state` returned."
@@ -527,6 +515,7 @@ def state(self:EvictingCache, v):
     self.positions, self.scores = arrays[2:4]
     self._set_meta(meta, arrays[4] if len(arrays) == 5 else None)
 
+# %% ../nbs/03_cache.ipynb #5e2af6e1
 @patch(as_prop=True)
 def meta_state(self:EvictingCache):
     "The metadata as strings, as mlx-lm caches expose it."
@@ -542,6 +531,7 @@ def nbytes_bf16(self:EvictingCache)->int:
     "The same storage counted as held on Apple silicon: floating arrays at 2 bytes per element, packed data as is."
     return self.store.nbytes_bf16
 
+# %% ../nbs/03_cache.ipynb #7f92f675
 @patch(as_prop=True)
 def overhead_nbytes(self:EvictingCache)->int:
     "Bytes of the bookkeeping: positions (int32) and scores (float32)."
@@ -553,6 +543,7 @@ def is_trimmable(self:EvictingCache)->bool:
     "Always True, so mlx-lm calls `trim` (which refuses clearly after an eviction) instead of silently skipping it."
     return True
 
+# %% ../nbs/03_cache.ipynb #6a7941b2
 @patch
 def trim(self:EvictingCache, n:int)->int:
     "Drop the newest `n` tokens (only before any eviction); returns how many were dropped."
@@ -563,9 +554,8 @@ def trim(self:EvictingCache, n:int)->int:
     n = min(self.count, n)
     if not n: return 0
     keep = self.count - n
-    if isinstance(self.policy, KeyProxy) and keep:   # take back the mass the trimmed keys gave, as if they never came
-        qpos = mx.arange(keep, self.count, dtype=mx.int32)
-        self.scores = self.scores - self._key_mass(self.store.key_rows(keep, self.count), qpos)
+    if keep:                       # take back the mass the trimmed keys gave (the proxy's), as if they never came
+        self._on_keys(self.store.key_rows(keep, self.count), mx.arange(keep, self.count, dtype=mx.int32), sign=-1)
     free = mx.arange(self.positions.shape[2]) >= keep
     self.positions = mx.where(free, _EMPTY_POS, self.positions)
     self.scores = mx.where(free, 0.0, self.scores)
@@ -574,18 +564,31 @@ def trim(self:EvictingCache, n:int)->int:
     self.offset -= n
     return n
 
-@patch(cls_method=True)
-def merge(cls:EvictingCache, caches):
-    "mlx-lm's batch of one-sequence layers: a `BatchEvictingCache` (notebook 03b) whose rows keep their own policy."
-    from veloxquant_mlx.batch import BatchEvictingCache    # imported here: the batch module builds on this one
-    return BatchEvictingCache.merge(caches)
+# %% ../nbs/03_cache.ipynb #512e1fb3
+@patch
+def hand_over(self:EvictingCache)->tuple:
+    "Give up the held arrays: ((keys, values, positions, scores) of the held slots, the remembered queries)."
+    k, v = self.store.view(self.count)
+    held = (k, v, self.positions[:, :, :self.count], self.scores[:, :, :self.count])
+    obs, self._obs_q, self.positions, self.scores = self._obs_q, None, None, None
+    self.store.reset()
+    return held, obs
+
+# %% ../nbs/03_cache.ipynb #b6bd28ad
+@patch
+def take_back(self:EvictingCache, held:tuple, # (keys, values, positions, scores)
+              obs:tuple|None=None): # the remembered (queries, positions, scale), or None
+    "Hold `held` and the remembered queries `obs` again (what `hand_over` gave, after a batch's steps)."
+    self.store.set_state(*held[:2])
+    self.positions, self.scores = held[2:]
+    self._obs_q = obs
 
 # %% ../nbs/03_cache.ipynb #0325a391
 @patch(as_prop=True)
 def wants_hidden(self:EvictingCache)->bool:
     "True while a schedule waits for this layer's hidden-state cosine (the SqueezeAttention paper's signal)."
     co = self.coordinator
-    return co is not None and getattr(co, "signal", None) == "hidden_cosine" and self.hidden_cosine is None
+    return co is not None and co.signal == "hidden_cosine" and self.hidden_cosine is None
 
 @patch
 def report_hidden(self:EvictingCache, cosine:float):
@@ -593,7 +596,7 @@ def report_hidden(self:EvictingCache, cosine:float):
     if self.hidden_cosine is not None: return
     self.hidden_cosine = cosine
     co = self.coordinator
-    if co is not None and getattr(co, "signal", None) == "hidden_cosine": co.report(self.layer_idx, cosine)
+    if co is not None and co.signal == "hidden_cosine": co.report(self.layer_idx, cosine)
 
 # %% ../nbs/03_cache.ipynb #2573a7a8
 SCORES = ("key_proxy", "attention", "window")  # the token scores of the preset classes
@@ -607,6 +610,7 @@ def policy_for_score(score:str, # one of `SCORES`
     if score == "attention": return CumulativeAttention()
     return ObservationWindow(obs_window=_check_int("obs_window", obs_window, 1))
 
+# %% ../nbs/03_cache.ipynb #df25f9a8
 class H2OCache(EvictingCache):
     "H2O: `EvictingCache` with the heavy-hitter policy `score` names (the key-as-query proxy by default)."
     method = "h2o"

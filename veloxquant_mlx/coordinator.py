@@ -7,14 +7,42 @@ from __future__ import annotations
 from .allocators import squeeze_budgets, allocate_exact, _check_int, _check_real
 
 # %% auto #0
-__all__ = ['SIGNALS', 'SqueezeCoordinator', 'kmeans_1d', 'hidden_cosine_budgets', 'Schedule', 'Uniform', 'Pyramid', 'Squeeze',
-           'full_slots', 'slot_bytes', 'residual_slots', 'fraction_budgets', 'window_split_budgets',
+__all__ = ['SIGNALS', 'Coordinator', 'SqueezeCoordinator', 'kmeans_1d', 'hidden_cosine_budgets', 'Schedule', 'Uniform', 'Pyramid',
+           'Squeeze', 'full_slots', 'slot_bytes', 'residual_slots', 'fraction_budgets', 'window_split_budgets',
            'PromptEndCoordinator', 'KVFraction', 'WindowSplit']
+
+# %% ../nbs/04_coordinator.ipynb #6fa5ec87
+class Coordinator:
+    "A schedule resolved at run time: layers register, report its `signal`, hear the prompt's end, adopt its budgets."
+    signal:str|None = None # what each layer reports from its first chunk (one of `SIGNALS`), None: nothing
+    def __init__(self, n_layers:int): # attention layers taking part
+        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+            raise ValueError(f"`n_layers` must be an integer >= 1, got {n_layers!r}")
+        self.n_layers, self.layers, self._budgets = n_layers, {}, None
+
+    def register(self, layer_idx:int, cache):
+        "Attach a layer's cache."
+        if not 0 <= layer_idx < self.n_layers:
+            raise ValueError(f"`layer_idx` must be in [0, {self.n_layers - 1}], got {layer_idx}")
+        self.layers[layer_idx] = cache
+
+    def report(self, layer_idx:int, value:float):
+        "A layer's signal (a schedule without one asks for none)."
+        raise RuntimeError(f"{type(self).__name__} asks for no layer signal")
+
+    def prompt_ended(self, n_tokens:int):
+        "The prompt is `n_tokens` long (nothing to do for a schedule that does not wait for it)."
+
+    @property
+    def resolved(self)->bool:
+        "True once the budgets are known."
+        return self._budgets is not None
 
 # %% ../nbs/04_coordinator.ipynb #d53cbe5e
 SIGNALS = ("key_dispersion", "hidden_cosine")
 
-class SqueezeCoordinator:
+# %% ../nbs/04_coordinator.ipynb #245a25c9
+class SqueezeCoordinator(Coordinator):
     "Collects per-layer signals and resolves SqueezeAttention's per-layer budgets once."
     def __init__(self, n_layers:int, # attention layers taking part
                  avg_budget:int, # mean budget per layer; the total is n_layers * avg_budget
@@ -23,14 +51,13 @@ class SqueezeCoordinator:
                  caps:list|None=None, # per-layer maximums (a sliding window), None entries for none
                  resolved_budget:list|None=None, # a schedule given up front, or None to measure it
                  signal:str="key_dispersion"): # "key_dispersion" (the proxy) or "hidden_cosine" (the paper's)
-        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"`n_layers` must be an integer >= 1, got {n_layers!r}")
+        super().__init__(n_layers)
         if signal not in SIGNALS: raise ValueError(f"`signal` must be one of {SIGNALS}, got {signal!r}")
-        self.n_layers, self.avg_budget, self.n_sink, self.strength = n_layers, avg_budget, n_sink, strength
+        self.avg_budget, self.n_sink, self.strength = avg_budget, n_sink, strength
         self.caps, self.signal = caps, signal
         squeeze_budgets([0.0] * n_layers, avg_budget, n_sink, strength, caps)   # validates every parameter now
         self._given = None if resolved_budget is None else self._check_given(list(resolved_budget))
-        self.layers, self.reports, self._budgets, self.finalize_count = {}, {}, self._given, 0
+        self.reports, self._budgets, self.finalize_count = {}, self._given, 0
 
     def _check_given(self, rb:list)->list:
         if len(rb) != self.n_layers:
@@ -43,9 +70,7 @@ class SqueezeCoordinator:
 
     def register(self, layer_idx:int, cache):
         "Attach a layer's cache; with a schedule given up front, it takes its budget now."
-        if not 0 <= layer_idx < self.n_layers:
-            raise ValueError(f"`layer_idx` must be in [0, {self.n_layers - 1}], got {layer_idx}")
-        self.layers[layer_idx] = cache
+        super().register(layer_idx, cache)
         if self._given is not None: cache.adopt_budget(self._given[layer_idx])
 
     def report(self, layer_idx:int, signal:float):
@@ -70,11 +95,6 @@ class SqueezeCoordinator:
     def missing(self)->list:
         "Layers that have not reported yet."
         return [i for i in range(self.n_layers) if i not in self.reports]
-
-    @property
-    def resolved(self)->bool:
-        "True once the schedule is known."
-        return self._budgets is not None
 
     @property
     def budgets(self)->list:
@@ -150,6 +170,7 @@ class Schedule:
         "Per-layer budgets (exact sum `n_layers * avg_budget`), or a coordinator that sets them later."
         raise NotImplementedError
 
+# %% ../nbs/04_coordinator.ipynb #cdc5d602
 @dataclass
 class Uniform(Schedule):
     "Every layer the average (a windowed layer capped at its window, the rest moved to the others)."
@@ -165,6 +186,7 @@ class Pyramid(Schedule):
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return pyramid_budgets(n_layers, avg_budget, n_sink, self.beta, caps)
 
+# %% ../nbs/04_coordinator.ipynb #71f2eee7
 @dataclass
 class Squeeze(Schedule):
     "SqueezeAttention: budgets measured from the prompt by a `SqueezeCoordinator` (or given up front)."
@@ -280,27 +302,21 @@ def window_split_budgets(n_layers:int, # attention layers
     return [fixed[i] if i in fixed else shared[rest.index(i)] for i in range(n_layers)]
 
 # %% ../nbs/04_coordinator.ipynb #623da1c2
-class PromptEndCoordinator:
+class PromptEndCoordinator(Coordinator):
     "Sets every registered layer's budget when the prompt ends: `fraction` of the full cache's slots for its length."
-    signal = None
     def __init__(self, n_layers:int, # attention layers taking part
                  fraction:float, # share of the full cache's token slots to keep
                  windows:list, # per-layer sliding window (None for a global layer)
                  n_sink:int=4, # the floor is n_sink + 1
                  window_budget:int|None=None, # tokens per windowed layer (None: the same fraction everywhere)
                  slot_bytes:list|None=None, # per-layer bytes of a kept token relative to bf16 (None: all 1.0)
-                 reserve:list|None=None): # per-layer bytes held beyond the budget (KIVI's residual), in bf16 slots
-        _check_int("n_layers", n_layers, 1)
+                 reserve:list|None=None, # per-layer bytes held beyond the budget (KIVI's residual), in bf16 slots
+                ):
+        super().__init__(n_layers)
         if len(windows) != n_layers: raise ValueError(f"`windows` has {len(windows)} entries, expected {n_layers}")
-        self.n_layers, self.fraction, self.windows, self.n_sink = n_layers, fraction, list(windows), n_sink
-        self.window_budget, self.layers, self._budgets, self.n_tokens = window_budget, {}, None, None
+        self.fraction, self.windows, self.n_sink = fraction, list(windows), n_sink
+        self.window_budget, self.n_tokens = window_budget, None
         self.slot_bytes, self.reserve = slot_bytes or [1.0] * n_layers, reserve or [0.0] * n_layers
-
-    def register(self, layer_idx:int, cache):
-        "Attach a layer's cache (it waits for its budget)."
-        if not 0 <= layer_idx < self.n_layers:
-            raise ValueError(f"`layer_idx` must be in [0, {self.n_layers - 1}], got {layer_idx}")
-        self.layers[layer_idx] = cache
 
     def prompt_ended(self, n_tokens:int):
         "The prompt is `n_tokens` long: set every layer's budget (once per prompt)."
@@ -309,11 +325,6 @@ class PromptEndCoordinator:
                                          self.slot_bytes, self.reserve)
         self.n_tokens = n_tokens
         for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
-
-    @property
-    def resolved(self)->bool:
-        "True once the prompt's length has set the budgets."
-        return self._budgets is not None
 
     @property
     def budgets(self)->list:
@@ -354,6 +365,8 @@ class KVFraction(Schedule):
         res = [residual_slots(b, self.kv_group_size, self.kv_scheme) * (1 - p) for b, p in zip(bits, price)]
         return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget, price, res)
 
+
+# %% ../nbs/04_coordinator.ipynb #30bbf4a4
 @dataclass
 class WindowSplit(Schedule):
     "Windowed layers at `window_budget` tokens each, the global layers sharing the rest of `n_layers * avg_budget`."

@@ -5,13 +5,15 @@
 # %% ../nbs/02_h2o.ipynb #21be62e5
 from __future__ import annotations
 import math
+from dataclasses import dataclass
+from types import SimpleNamespace
 import numpy as np
 import mlx.core as mx
 
 # %% auto #0
-__all__ = ['check_kv', 'eviction_priority', 'visible', 'proxy_mass', 'scatter_slot', 'decode_evict', 'topk_keep', 'prefill_evict',
-           'keep_top', 'attention_with_mass', 'query_mass', 'pool_mass', 'chunk_priority', 'prefill_evict_reference',
-           'decode_run', 'kept_agreement']
+__all__ = ['check_kv', 'eviction_priority', 'visible', 'proxy_mass', 'View', 'scatter_slot', 'HeldArrays', 'decode_step',
+           'topk_keep', 'prefill_evict', 'attention_with_mass', 'query_mass', 'pool_mass', 'chunk_priority',
+           'prefill_evict_reference', 'decode_run', 'kept_agreement']
 
 # %% ../nbs/02_h2o.ipynb #33162d32
 def check_kv(keys, values, name="keys"):
@@ -57,7 +59,7 @@ def proxy_mass(
     cand_keys:mx.array, # candidate (stored + incoming) keys `[B, H, L, D]`
     cand_pos:mx.array, # their absolute positions `[B, H, L]`
     query_keys:mx.array, # the incoming keys, standing in for queries `[B, H, Q, D]`
-    query_pos:mx.array, # their positions `[Q]` (the same for every row and head)
+    query_pos:mx.array, # their positions `[Q]` (the same for every row and head), or `[B, 1, Q]` (one per row)
     window:int|None=None, # sliding-window size, or None
     block:int=512, # queries per block, bounding memory at `B*H*block*L` floats
 )->mx.array: # `[B, H, L]` float32
@@ -68,10 +70,19 @@ def proxy_mass(
     for start in range(0, query_keys.shape[2], block):
         q = query_keys[:, :, start:start + block].astype(mx.float32) * scale
         logits = q @ kc.swapaxes(-1, -2)                                   # [B, H, q, L]
-        ok = visible(cand_pos, query_pos[start:start + block], window)     # [B, H, q, L]
+        ok = visible(cand_pos, query_pos[..., start:start + block], window)    # [B, H, q, L]
         logits = mx.where(ok, logits, mx.array(-math.inf, mx.float32))
         total = total + mx.softmax(logits, axis=-1, precise=True).sum(axis=2)
     return total
+
+# %% ../nbs/02_h2o.ipynb #e322af38
+@dataclass
+class View:
+    "What a policy sees when it scores the tokens a layer holds (all `[B, H, L]`)."
+    scores:mx.array # the running score of every held token (float32)
+    positions:mx.array # their absolute positions (int32)
+    next_pos:int|mx.array # position of the next query (an int, or `[B, 1, 1]`: one per row)
+    obs_mass:mx.array|None = None # mass the observation window's queries gave each token (at a prompt's end)
 
 # %% ../nbs/02_h2o.ipynb #1e71166c
 def scatter_slot(buf, slot, new):
@@ -81,26 +92,58 @@ def scatter_slot(buf, slot, new):
     return mx.put_along_axis(buf, idx, new, axis=2)
 
 # %% ../nbs/02_h2o.ipynb #deb776ed
-def decode_evict(
-    keys:mx.array, values:mx.array, # the full buffer `[B, H, budget, D]` / `[B, H, budget, Dv]`
-    positions:mx.array, scores:mx.array, # `[B, H, budget]` int32 / float32
-    new_key:mx.array, new_value:mx.array, # the incoming token `[B, H, 1, D]` / `[B, H, 1, Dv]`
-    pos:int, # its absolute position
-    n_sink:int, # positions below this are never evicted (while live)
-    window:int|None=None, # sliding-window size, or None
-    proxy:bool=True, # add the key-as-query mass now (False: the real query's mass is added after attention)
-    recent:int=0, # protect the `recent` newest stored tokens too
-    rank:mx.array|None=None, # what ranks the victims `[B, H, budget]` (default `scores`; a policy may rank otherwise)
-): # (keys, values, positions, scores), the newcomer in the victim's slot
-    "One decode step on a full buffer: evict the lowest-priority token, put the newcomer in its slot, add its key mass."
-    pri = eviction_priority(scores if rank is None else rank, positions, n_sink, pos, window, recent)
-    victim = mx.argmin(pri, axis=-1)
-    keys = scatter_slot(keys, victim, new_key)
-    values = scatter_slot(values, victim, new_value)
-    positions = scatter_slot(positions, victim, mx.full(victim.shape + (1,), pos, mx.int32))
-    scores = scatter_slot(scores, victim, mx.zeros(victim.shape + (1,), mx.float32))
-    if proxy: scores = scores + proxy_mass(keys, positions, new_key, mx.array([pos]), window)
-    return keys, values, positions, scores
+class HeldArrays:
+    "Keys and values as plain `[B, H, L, D]` arrays: what a decoding step writes into (the float storage is one)."
+    def __init__(self, keys=None, values=None): self.keys, self.values = keys, values
+
+    def put(self, slot:mx.array, keys, values, at:int|None=None):
+        "Newcomers `[B, H, 1, D]` into `slot` `[B, H]` (`at`: the one free slot of every row, written in place)."
+        if at is None:
+            self.keys, self.values = scatter_slot(self.keys, slot, keys), scatter_slot(self.values, slot, values)
+        else: self.keys[:, :, at:at + 1], self.values[:, :, at:at + 1] = keys, values
+
+    def key_mass(self, positions, new_keys, qpos, window=None, count:int|None=None):
+        "Key-as-query mass `[B, H, L]` the `new_keys` at `qpos` give every slot (`count`: unused, all slots count)."
+        return proxy_mass(self.keys, positions, new_keys, qpos, window)
+
+# %% ../nbs/02_h2o.ipynb #b147e375
+def _victims(policy, positions, scores, at, n_sink, window, recent):
+    "Each row and head's lowest-priority slot `[B, H]` (int32), by the policy's rank."
+    rank = policy.score(View(scores, positions, at))
+    return mx.argmin(eviction_priority(rank, positions, n_sink, at, window, recent), axis=-1).astype(mx.int32)
+
+def _follow(a, new, order, n:int):
+    "`a`'s first `n` slots and `new` after them, in the storage's new slot `order`."
+    return mx.take_along_axis(mx.concatenate([a[:, :, :n], new], axis=2), order, axis=2)
+
+# %% ../nbs/02_h2o.ipynb #1cec8a91
+def decode_step(
+    store, # the held keys and values (`HeldArrays`, a storage): `put` and `key_mass`
+    positions:mx.array, scores:mx.array, # `[B, H, L]` int32 / float32 (a row with room has a free slot at its count)
+    keys:mx.array, values:mx.array, # the newcomers `[B, H, 1, D]`, one per row
+    pos:mx.array, # `[B]` int32: each row's newcomer's position (or `[1]`: the same for every row)
+    count:list, # tokens each row holds (or one count for every row)
+    room:list, # per row (or for every row): True while it holds fewer tokens than its budget
+    policy, # the rows' policy: `score` ranks the victims, `on_keys` sees the new keys
+    n_sink:int, window:int|None=None, # never-evicted prefix; sliding window
+    recent:int|mx.array=0, # newest tokens never evicted (an int, or `[B, 1, 1]`: one per row)
+): # (positions, scores) after the step
+    "One decoding step for B rows at once: each newcomer takes its row's free slot or its victim's; the policy sees it."
+    B, H = keys.shape[:2]
+    at = pos.reshape(-1, 1, 1)
+    slot = mx.broadcast_to(mx.array(count, mx.int32)[:, None], (B, H))
+    if not all(room):
+        victim = _victims(policy, positions, scores, at, n_sink, window, recent)
+        slot = victim if not any(room) else mx.where(mx.array(room)[:, None], slot, victim)
+    free = count[0] if all(room) and len(set(count)) == 1 else None
+    order = store.put(slot, keys, values, free)
+    new_pos, zero = mx.broadcast_to(at, (B, H, 1)), mx.zeros((B, H, 1), mx.float32)
+    if order is not None:
+        positions, scores = _follow(positions, new_pos, order, count[0]), _follow(scores, zero, order, count[0])
+    elif free is not None: positions[:, :, free:free + 1], scores[:, :, free:free + 1] = new_pos, zero
+    else: positions, scores = scatter_slot(positions, slot, new_pos), scatter_slot(scores, slot, zero)
+    held = max(c + r for c, r in zip(count, room))
+    return positions, policy.on_keys(scores, lambda: store.key_mass(positions, keys, at, window, held))
 
 # %% ../nbs/02_h2o.ipynb #b28e71e0
 def topk_keep(priority, budget):
@@ -133,18 +176,9 @@ def prefill_evict(
     if not proxy: return attend, (ck, cv, cp, cs)
     cs = cs + proxy_mass(ck, cp, new_keys, mx.arange(start, start + N, dtype=mx.int32), window, block)
     if budget is None or ck.shape[2] <= budget: return attend, (ck, cv, cp, cs)
-    return attend, keep_top(ck, cv, cp, cs, budget, n_sink, start + N, window, max(recent, 1))
-
-# %% ../nbs/02_h2o.ipynb #65ee10d3
-def keep_top(
-    keys, values, positions, scores, # candidates `[B, H, L, *]`
-    budget:int, n_sink:int, next_pos:int, # tokens to keep, never-evicted prefix, position of the next query
-    window:int|None=None, recent:int=1, # sliding window; the `recent` newest tokens are forced in
-): # the kept (keys, values, positions, scores), in slot order
-    "Keep the `budget` highest-priority tokens (live sinks and the `recent` newest forced in, dead tokens out first)."
-    idx = topk_keep(eviction_priority(scores, positions, n_sink, next_pos, window, recent), budget)
+    idx = topk_keep(eviction_priority(cs, cp, n_sink, start + N, window, max(recent, 1)), budget)  # sinks, newest in
     take = lambda a: mx.take_along_axis(a, idx[..., None] if a.ndim == 4 else idx, axis=2)
-    return take(keys), take(values), take(positions), take(scores)
+    return attend, tuple(take(a) for a in (ck, cv, cp, cs))
 
 # %% ../nbs/02_h2o.ipynb #c4a10c06
 def attention_with_mass(
@@ -270,17 +304,21 @@ def prefill_evict_reference(
     return arr(K, np.float32), arr(V, np.float32), arr(P, np.int32), arr(S, np.float32)
 
 # %% ../nbs/02_h2o.ipynb #3cf78c3d
+_PROXY = SimpleNamespace(score=lambda view: view.scores, on_keys=lambda scores, mass: scores + mass())  # `KeyProxy`
+
 def decode_run(
     keys, values, positions, scores, # a full buffer `[B, H, budget, *]`
     new_keys, new_values, # the tokens to feed `[B, H, N, D]`
-    start:int, n_sink:int, window:int|None=None, recent:int=0, # as for `decode_evict`
+    start:int, n_sink:int, window:int|None=None, recent:int=0, # as for `decode_step`
 ): # (keys, values, positions, scores) after the last token
-    "Feed `new_keys` one token at a time through `decode_evict` (the buffer must already be full)."
+    "Feed `new_keys` one token at a time through `decode_step` with the key-as-query proxy (a full buffer)."
+    held, B, L = HeldArrays(keys, values), keys.shape[0], keys.shape[2]
     for i in range(new_keys.shape[2]):
-        one = slice(i, i + 1)
-        keys, values, positions, scores = decode_evict(keys, values, positions, scores, new_keys[:, :, one],
-                                                       new_values[:, :, one], start + i, n_sink, window, recent=recent)
-    return keys, values, positions, scores
+        one, at = slice(i, i + 1), mx.full((B,), start + i, mx.int32)
+        k, v = new_keys[:, :, one], new_values[:, :, one]
+        positions, scores = decode_step(held, positions, scores, k, v, at, [L] * B, [False] * B, _PROXY, n_sink, window,
+                                        recent)
+    return held.keys, held.values, positions, scores
 
 # %% ../nbs/02_h2o.ipynb #85faaac3
 def kept_agreement(pos_a:mx.array, pos_b:mx.array)->float:

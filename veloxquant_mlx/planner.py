@@ -127,7 +127,7 @@ class PlanCoordinator(PromptEndCoordinator):
         self.slot_bytes, self.reserve = prices(self.bits, self._budgets, self.group_size, "kivi", self.slack)
         self.n_tokens = n_tokens
         for i, cache in self.layers.items():
-            if cache.store.quantized: cache.store.rebits(self.bits[i])
+            if hasattr(cache.store, "rebits"): cache.store.rebits(self.bits[i])        # float stores stay
             cache.adopt_budget(self._budgets[i])
 
     def reset(self):

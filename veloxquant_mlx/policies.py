@@ -11,17 +11,11 @@ import mlx.core as mx
 from .h2o import eviction_priority, topk_keep, chunk_priority, pool_mass
 
 # %% auto #0
-__all__ = ['POLICIES', 'View', 'Policy', 'KeyProxy', 'CumulativeAttention', 'ObservationWindow', 'LastQuery', 'Recency',
-           'ChunkKV', 'make_policy']
+__all__ = ['POLICIES', 'Policy', 'KeyProxy', 'CumulativeAttention', 'ObservationWindow', 'LastQuery', 'Recency', 'ChunkKV',
+           'make_policy']
 
 # %% ../nbs/02a_policies.ipynb #7a991fac
-@dataclass
-class View:
-    "What a policy sees when it scores the tokens a layer holds (all `[B, H, L]`)."
-    scores:mx.array # the running score of every held token (float32)
-    positions:mx.array # their absolute positions (int32)
-    next_pos:int # position of the next query (the first token after those held)
-    obs_mass:mx.array|None = None # mass the observation window's queries gave each token (at a prompt's end)
+from .h2o import View   # what a policy sees (notebook 02: the decoding step builds it too)
 
 # %% ../nbs/02a_policies.ipynb #673b36ba
 POLICIES = {}  # policy name -> class: every subclass of `Policy` with a `name` of its own, in definition order
@@ -33,6 +27,7 @@ def _check_int(name, value, low, high=None):
         raise ValueError(f"`{name}` must be an integer {rng}, got {value!r}")
     return value
 
+# %% ../nbs/02a_policies.ipynb #2933e6d8
 @dataclass
 class Policy:
     "How a layer scores its tokens and chooses which to keep: override `score` (and declare what it needs)."
@@ -40,7 +35,7 @@ class Policy:
     name:ClassVar[str] = "policy" # the policy's short name (also what a saved state records)
     needs_queries:ClassVar[bool] = False # True: scores come from the model's queries (needs the attention hook)
     evict_after:ClassVar[bool] = False # decode: attend over budget + 1 first, then drop one (TOVA); else replace first
-    obs_window:ClassVar[int] = 0 # last queries remembered for `observe_window` (a field in policies that use it)
+    obs_window:ClassVar[int] = 0 # last queries remembered for `on_window` (a field in policies that use it)
 
     def __post_init__(self): _check_int("chunk", self.chunk, 1)
 
@@ -49,16 +44,16 @@ class Policy:
         super().__init_subclass__(**kwargs)
         if "name" in cls.__dict__: POLICIES[cls.name] = cls
 
-    def wants_mass(self, decode:bool)->bool:
-        "Should this forward pass's attention mass be added to the running score? (`decode`: a one-token step)"
-        return False
-
-    def observe_keys(self, scores, keys, positions, new_keys, new_pos, window)->mx.array:
-        "The running score after new keys arrive (`[B, H, L]`); only the key-as-query proxy uses the keys."
+    def on_queries(self, scores:mx.array, mass, decode:bool)->mx.array:
+        "Phase: queries attended (`mass()`: what each token received; `decode`: a one-token step, no choice due)."
         return scores
 
-    def observe_window(self, scores:mx.array, obs_mass:mx.array)->mx.array:
-        "The running score after the observation window's mass is measured at a prompt's end (default: unchanged)."
+    def on_keys(self, scores:mx.array, key_mass)->mx.array:
+        "Phase: new keys arrived (`key_mass()`: their key-as-query mass, computed if asked); the score `[B, H, L]`."
+        return scores
+
+    def on_window(self, scores:mx.array, obs_mass)->mx.array:
+        "Phase: a choice is due (`obs_mass()`: what the remembered observation queries give each token)."
         return scores
 
     def score(self, view:View)->mx.array:
@@ -82,15 +77,13 @@ class Policy:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 # %% ../nbs/02a_policies.ipynb #4a9ad5af
-from .h2o import proxy_mass
-
 @dataclass
 class KeyProxy(Policy):
     "H2O scored by the key-as-query proxy: each new key's softmax over what it sees accumulates (no queries needed)."
     name:ClassVar[str] = "key_proxy"
-    def observe_keys(self, scores, keys, positions, new_keys, new_pos, window):
+    def on_keys(self, scores, key_mass):
         "Add the new keys' key-as-query mass over the candidates."
-        return scores + proxy_mass(keys, positions, new_keys, new_pos, window)
+        return scores + key_mass()
 
 # %% ../nbs/02a_policies.ipynb #40d5a219
 @dataclass
@@ -98,9 +91,9 @@ class CumulativeAttention(Policy):
     "H2O: keep the heavy hitters, the tokens with the most attention received from the real queries so far."
     name:ClassVar[str] = "attention"
     needs_queries:ClassVar[bool] = True
-    def wants_mass(self, decode:bool)->bool:
+    def on_queries(self, scores, mass, decode):
         "Every forward pass's mass accumulates."
-        return True
+        return scores + mass()
 
 # %% ../nbs/02a_policies.ipynb #1de0dd6e
 @dataclass
@@ -117,13 +110,13 @@ class ObservationWindow(Policy):
         _check_int("obs_window", self.obs_window, 1)
         pool_mass(mx.zeros(1), self.kernel, self.pool)                    # validates kernel and pool
 
-    def wants_mass(self, decode:bool)->bool:
+    def on_queries(self, scores, mass, decode):
         "Decoding steps accumulate their mass (to evict one token per step); prompt chunks do not."
-        return decode
+        return scores + mass() if decode else scores
 
-    def observe_window(self, scores, obs_mass):
+    def on_window(self, scores, obs_mass):
         "Add the pooled mass of the observation window."
-        return scores + pool_mass(obs_mass, self.kernel, self.pool)
+        return scores + pool_mass(obs_mass(), self.kernel, self.pool)
 
     def fitted(self, budget:int, n_sink:int):
         "The window shrinks to what a small layer can keep beside its sinks."
@@ -139,9 +132,9 @@ class LastQuery(Policy):
     evict_after:ClassVar[bool] = True
     obs_window:ClassVar[int] = 1
 
-    def observe_window(self, scores, obs_mass):
+    def on_window(self, scores, obs_mass):
         "The current query's mass replaces whatever was there."
-        return obs_mass
+        return obs_mass()
 
 # %% ../nbs/02a_policies.ipynb #18cdbf13
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import mlx.core as mx
 from fastcore.basics import patch
-from .h2o import attention_with_mass, query_mass, scatter_slot, visible
+from .h2o import attention_with_mass, query_mass, scatter_slot, visible, HeldArrays
 
 # %% auto #0
 __all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'STORAGES', 'check_kv_format', 'pack_bits', 'affine_params',
@@ -19,6 +19,8 @@ KV_BITS = (2, 3, 4, 5, 6, 8)  # bits per stored element (what mx.quantized_matmu
 KV_GROUP_SIZES = (32, 64, 128)  # elements sharing one scale and bias (what mx.quantized_matmul accepts)
 KV_SCHEMES = ("group", "kivi")  # mlx-lm's per-token groups along head_dim; KIVI's per-channel keys, per-token values
 
+
+# %% ../nbs/03a_storage.ipynb #324ced46
 def check_kv_format(kv_bits:int|None, # bits per element, one of `KV_BITS`; None keeps the model's dtype
                     kv_group_size:int=64, # elements sharing one scale and bias
                     kv_scheme:str="group", # one of `KV_SCHEMES`
@@ -55,6 +57,8 @@ def affine_params(lo:mx.array, hi:mx.array, # each group's range [..., groups]
     "(scales, biases) that map the integers 0..2**bits-1 onto [lo, hi]."
     return ((hi - lo) / (2 ** bits - 1)).astype(dtype), lo.astype(dtype)
 
+
+# %% ../nbs/03a_storage.ipynb #08169a06
 def encode_groups(x:mx.array, # values [..., n]
                   scales:mx.array, biases:mx.array, # per group [..., n / group_size]
                   bits:int, group_size:int)->mx.array: # packed uint32 [..., n * bits / 32]
@@ -65,6 +69,7 @@ def encode_groups(x:mx.array, # values [..., n]
     q = mx.clip(mx.round((g - b) / mx.where(s > 0, s, 1.0)), 0, 2 ** bits - 1)
     return pack_bits(q.reshape(*lead, n), bits)
 
+# %% ../nbs/03a_storage.ipynb #c08c4eea
 def quantize_groups(x:mx.array, # values [..., n], n a multiple of group_size
                     bits:int, # one of `KV_BITS`
                     group_size:int)->tuple: # (packed uint32 [..., n*bits/32], scales, biases [..., n/group_size])
@@ -88,8 +93,12 @@ def bf16_nbytes(arrays)->int:
 # %% ../nbs/03a_storage.ipynb #st000019
 class Storage:
     "How a layer holds its kept keys and values: every operation the cache does on its key/value buffers."
-    quantized = False # True: attention runs on the stored form, through the storage
+    needs_hook = False # True: `view` is not arrays mlx-lm can attend over (attention must come through the hook)
     scheme = "float" # the name a report and a saved state use
+    dims:tuple|None # (B, H, head_dim, value head_dim) of what is held, None when empty
+    slots:int # slots allocated
+    nbytes:int # bytes held
+    nbytes_bf16:int # bytes held with floating arrays at 2 bytes per element
 
     def reset(self):
         "Hold nothing."
@@ -125,11 +134,43 @@ class Storage:
     def key_rows(self, a:int, b:int)->mx.array:
         "The keys of slots `a..b-1` as floats `[B, H, b - a, D]`."
         raise NotImplementedError
+    def put(self, slot:mx.array, keys, values, at:int|None=None):
+        "A decoding step's newcomers into `slot` `[B, H]` (`at`: every row's one free slot); the new order, or None."
+        return self.replace(slot, keys, values) if at is None else self.write(at, keys, values)
+    def key_mass(self, positions, new_keys, qpos, window:int|None, count:int)->mx.array:
+        "Key-as-query mass `[B, H, L]` that `new_keys` at `qpos` give the first `count` slots (zero after them)."
+        raise NotImplementedError
+    def attention(self, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None):
+        "Attention over `view`'s operands at positions `key_pos` (`window` None: every held token visible)."
+        raise NotImplementedError
+    def attention_with_mass(self, queries, keys, values, key_pos, query_pos, scale, window=None)->tuple:
+        "(attention, the mass `[B, H, L]` each key receives)."
+        raise NotImplementedError
+    def query_mass(self, queries, keys, key_pos, query_pos, scale, window=None)->mx.array:
+        "The mass `[B, H, L]` each key receives from `queries`."
+        raise NotImplementedError
+    def check_count(self, count:int):
+        "Raise a ValueError unless a loaded state's `count` fits what is held."
+        if count > self.slots: raise ValueError(f"state says count={count} but its keys hold {self.slots} slots")
+    def arrays(self)->tuple:
+        "(keys, values) as the cache exposes them."
+        raise NotImplementedError
+    def state(self)->tuple:
+        "(keys, values) for a saved state (default: as `arrays` gives them)."
+        return self.arrays()
+    def set_state(self, keys, values, meta:dict|None=None):
+        "Restore from `state()`."
+        raise NotImplementedError
+    def meta(self)->dict|None:
+        "What a saved state records of the format (None: float)."
+        raise NotImplementedError
+    def slot_lengths(self)->tuple:
+        "Lengths the cache's positions and scores must match."
+        raise NotImplementedError
 
 # %% ../nbs/03a_storage.ipynb #st000021
-class FloatStorage(Storage):
-    "Keys and values in the model's dtype, every operation as `EvictingCache` has always done it."
-    def __init__(self): self.keys = self.values = None
+class FloatStorage(HeldArrays, Storage):
+    "Keys and values in the model's dtype: `HeldArrays` (notebook 02) with the rest of the storage interface."
 
     def reset(self):
         "Hold nothing."
@@ -158,22 +199,12 @@ def grow(self:FloatStorage, count:int, new_cap:int):
     self.keys, self.values = pad(self.keys), pad(self.values)
 
 @patch
-def write(self:FloatStorage, i:int, keys, values):
-    "One token into slot `i`, in place."
-    self.keys[:, :, i:i + 1] = keys
-    self.values[:, :, i:i + 1] = values
-
-@patch
 def view(self:FloatStorage, count:int)->tuple:
     "The first `count` slots (the buffer itself when it is full)."
     if count < self.keys.shape[2]: return self.keys[:, :, :count], self.values[:, :, :count]
     return self.keys, self.values
 
-@patch
-def replace(self:FloatStorage, victim, keys, values):
-    "The newcomer into the victim's slot (a scatter, no host sync)."
-    self.keys, self.values = scatter_slot(self.keys, victim, keys), scatter_slot(self.values, victim, values)
-
+# %% ../nbs/03a_storage.ipynb #0fc9fdd1
 @patch
 def drop_front(self:FloatStorage, drop:int, count:int):
     "Slice to slots `drop..count-1`."
@@ -187,6 +218,7 @@ def append(self:FloatStorage, keys, values):
         self.keys = mx.concatenate([self.keys, keys], axis=2)
         self.values = mx.concatenate([self.values, values], axis=2)
 
+# %% ../nbs/03a_storage.ipynb #2d6df2bb
 @patch
 def keep(self:FloatStorage, idx, count:int):
     "Gather the kept slots."
@@ -201,10 +233,21 @@ def key_rows(self:FloatStorage, a:int, b:int):
 
 # %% ../nbs/03a_storage.ipynb #st000023
 @patch
+def attention(self:FloatStorage, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None):
+    "MLX's fast attention; a window masks by position (None: every held token visible, causal for a chunk)."
+    if window is None: m = None if queries.shape[2] == 1 else "causal"
+    else:
+        m = visible(key_pos, query_pos, window)                                 # [B, H_kv, N, L]
+        rep = queries.shape[1] // m.shape[1]
+        if rep > 1: m = mx.repeat(m, rep, axis=1)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=m, sinks=sinks)
+
+@patch
 def attention_with_mass(self:FloatStorage, queries, keys, values, key_pos, query_pos, scale, window=None):
     "Softmax attention and the mass each key receives (`h2o.attention_with_mass`)."
     return attention_with_mass(queries, keys, values, key_pos, query_pos, scale, window)
 
+# %% ../nbs/03a_storage.ipynb #f19d22a1
 @patch
 def query_mass(self:FloatStorage, queries, keys, key_pos, query_pos, scale, window=None):
     "Attention mass each key receives from `queries` (`h2o.query_mass`)."
@@ -220,6 +263,7 @@ def nbytes_bf16(self:FloatStorage)->int:
     "The same buffers at 2 bytes per element."
     return bf16_nbytes((self.keys, self.values))
 
+# %% ../nbs/03a_storage.ipynb #05b9a343
 @patch
 def nbytes_for(self:FloatStorage, count:int)->int:
     "Bytes `count` tokens take, from the shapes alone (what `nbytes` must be when the buffer is exactly full)."
@@ -232,15 +276,11 @@ def arrays(self:FloatStorage)->tuple:
     return self.keys, self.values
 
 @patch
-def state(self:FloatStorage)->tuple:
-    "(keys, values) for a saved state: the buffers (as the cache always saved them)."
-    return self.keys, self.values
-
-@patch
 def set_state(self:FloatStorage, keys, values, meta:dict|None=None):
     "Restore from `state()`."
     self.keys, self.values = keys, values
 
+# %% ../nbs/03a_storage.ipynb #5c14b5b4
 @patch
 def meta(self:FloatStorage)->dict|None:
     "Nothing to record: a state without storage metadata is float."
@@ -254,7 +294,7 @@ def slot_lengths(self:FloatStorage)->tuple:
 # %% ../nbs/03a_storage.ipynb #st000027
 class QuantizedStorage(Storage):
     "What the quantized layouts share: attention and mass on the stored form (their `logits` and `mix`), errors, bytes."
-    quantized = True
+    needs_hook = True
     def __init__(self, bits:int=4, # one of `KV_BITS`
                  group_size:int=64): # elements per scale and bias
         check_kv_format(bits, group_size, self.scheme)
@@ -309,6 +349,7 @@ def _weights(self:QuantizedStorage, queries, keys, key_pos, query_pos, scale, wi
     ok = visible(key_pos, query_pos, window)[:, :, None]                        # [B, H, 1, N, L]
     return mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True), ok
 
+# %% ../nbs/03a_storage.ipynb #91c0f3c1
 @patch
 def attention_with_mass(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, scale, window=None,
                         block:int=512): # queries per block
@@ -322,9 +363,12 @@ def attention_with_mass(self:QuantizedStorage, queries, keys, values, key_pos, q
         mass = mass + w.sum(axis=(2, 3))
     return mx.concatenate(outs, axis=2).astype(self.dtype), mass
 
+# %% ../nbs/03a_storage.ipynb #9b9d2874
 @patch
-def attention(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, scale, window=None, block:int=512):
+def attention(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None,
+              block:int=512): # queries per block
     "Attention over the stored form (the output only)."
+    if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
     B, Hq, N, _ = queries.shape
     outs = []
     for a in range(0, N, block):
@@ -333,6 +377,16 @@ def attention(self:QuantizedStorage, queries, keys, values, key_pos, query_pos, 
         outs.append(out.reshape(B, Hq, -1, out.shape[-1]))
     return mx.concatenate(outs, axis=2).astype(self.dtype)
 
+# %% ../nbs/03a_storage.ipynb #52ee057f
+@patch
+def key_mass(self:QuantizedStorage, positions, new_keys, qpos, window, count:int):
+    "Key-as-query mass over the stored form of the first `count` slots (one sequence: `qpos` the same for all rows)."
+    scale = 1.0 / math.sqrt(new_keys.shape[-1])
+    mass = self.query_mass(new_keys, self.view(count)[0], positions[:, :, :count], qpos.reshape(-1), scale, window)
+    L = positions.shape[-1]
+    return mass if L == count else mx.pad(mass, [(0, 0), (0, 0), (0, L - count)])
+
+# %% ../nbs/03a_storage.ipynb #ca214a20
 @patch
 def query_mass(self:QuantizedStorage, queries, keys, key_pos, query_pos, scale, window=None, block:int=512):
     "Attention mass each stored key receives from `queries` (a query that sees nothing gives none)."
@@ -395,6 +449,7 @@ def write(self:GroupStorage, i:int, keys, values):
     "Quantize one token into slot `i`, in place."
     for buf, new in zip((*self.k, *self.v), (*self._q(keys), *self._q(values))): buf[:, :, i:i + 1] = new
 
+# %% ../nbs/03a_storage.ipynb #5860a35f
 @patch
 def view(self:GroupStorage, count:int)->tuple:
     "The packed (integers, scales, biases) of the first `count` slots, for keys and for values."
@@ -407,6 +462,7 @@ def replace(self:GroupStorage, victim, keys, values):
     self.k = tuple(scatter_slot(a, victim, n) for a, n in zip(self.k, self._q(keys)))
     self.v = tuple(scatter_slot(a, victim, n) for a, n in zip(self.v, self._q(values)))
 
+# %% ../nbs/03a_storage.ipynb #f6dafc88
 @patch
 def drop_front(self:GroupStorage, drop:int, count:int):
     "Slice to slots `drop..count-1`."
@@ -422,6 +478,7 @@ def append(self:GroupStorage, keys, values):
         cat = lambda old, new: tuple(mx.concatenate([a, b], axis=2) for a, b in zip(old, new))
         self.k, self.v = cat(self.k, self._q(keys)), cat(self.v, self._q(values))
 
+# %% ../nbs/03a_storage.ipynb #cd1705d5
 @patch
 def keep(self:GroupStorage, idx, count:int):
     "Gather the kept slots' packed rows (exact)."
@@ -434,6 +491,7 @@ def key_rows(self:GroupStorage, a:int, b:int):
     "The dequantized keys of slots `a..b-1`."
     return dequantize_groups(*(x[:, :, a:b] for x in self.k), self.bits, self.group_size)
 
+# %% ../nbs/03a_storage.ipynb #30f60991
 @patch
 def value_rows(self:GroupStorage, a:int, b:int):
     "The dequantized values of slots `a..b-1`."
@@ -450,6 +508,8 @@ def mix(self:GroupStorage, w, values):
     "Weights `[B, H, rep, N, L]` over the packed values."
     return self._qmm(w, *values, transpose=False)
 
+
+# %% ../nbs/03a_storage.ipynb #250a8e8f
 @patch
 def nbytes_for(self:GroupStorage, count:int)->int:
     "Bytes `count` tokens take, from the format alone."
@@ -462,6 +522,7 @@ def arrays(self:GroupStorage)->tuple:
     "(keys, values) as the cache exposes them: tuples of packed integers, scales and biases."
     return self.k, self.v
 
+# %% ../nbs/03a_storage.ipynb #7ae41b31
 @patch
 def state(self:GroupStorage)->tuple:
     "(key arrays, value arrays) for a saved state."
@@ -474,6 +535,7 @@ def set_state(self:GroupStorage, keys, values, meta:dict|None=None):
     el = lambda words: words * 32 // self.bits
     self._dims, self.dtype = (*self.k[0].shape[:2], el(self.k[0].shape[3]), el(self.v[0].shape[3])), self.k[1].dtype
 
+# %% ../nbs/03a_storage.ipynb #73c18be2
 @patch
 def slot_lengths(self:GroupStorage)->tuple:
     "Lengths the cache's positions and scores must match."
@@ -507,6 +569,11 @@ class KiviStorage(QuantizedStorage):
     def _prefix_values(self)->mx.array:
         return dequantize_groups(*self.vp, self.bits, self.group_size)
 
+    def check_count(self, count:int):
+        "A KIVI state holds exactly `count` slots."
+        if count != self.slots:
+            raise ValueError(f"state says count={count} but its KIVI storage holds {self.slots} slots")
+
 # %% ../nbs/03a_storage.ipynb #st000038
 @patch
 def append(self:KiviStorage, keys, values):
@@ -521,10 +588,13 @@ def write(self:KiviStorage, i:int, keys, values):
     "One token joins the residual (slot `i` is always the next one: there are no spare slots)."
     self.append(keys, values)
 
+
+# %% ../nbs/03a_storage.ipynb #621bf77e
 @patch
 def grow(self:KiviStorage, count:int, new_cap:int):
     "Nothing to do: the prefix and the residual are exactly as long as what they hold."
 
+# %% ../nbs/03a_storage.ipynb #359a8c33
 @patch
 def settle(self:KiviStorage):
     "Quantize every full group of residual tokens into the prefix (keys along tokens, values per token)."
@@ -540,6 +610,7 @@ def settle(self:KiviStorage):
     self.P += n
     self.kr, self.vr = self.kr[:, :, n:], self.vr[:, :, n:]
 
+# %% ../nbs/03a_storage.ipynb #0b87490a
 @patch
 def view(self:KiviStorage, count:int)->tuple:
     "Keys (packed prefix, scales, biases, residual) and values likewise; the prefix parts are None when P is 0."
@@ -555,6 +626,7 @@ def logits(self:KiviStorage, q, keys):
     if kq is None: return res
     return mx.concatenate([self._qmm(q, kq, ks, kb, transpose=False), res], axis=-1)
 
+# %% ../nbs/03a_storage.ipynb #a242ff9f
 @patch
 def mix(self:KiviStorage, w, values):
     "Weights over the per-token prefix values and the float residual."
@@ -587,6 +659,7 @@ def _refill_keys(self:KiviStorage, kq, ks, kb, # key groups: [B, H, D, n * G * b
     kq2 = mx.where(dirty[..., None], words, kq.reshape(B, H, D, n, wg)).reshape(kq.shape)
     return kq2, mx.where(dirty, ks2, ks), mx.where(dirty, kb2, kb)
 
+# %% ../nbs/03a_storage.ipynb #c8fb822a
 @patch
 def _fill(self:KiviStorage, hole, fk, fv):
     "Quantize float tokens `fk`, `fv` `[B, H, P or 1, D]` into the prefix slots `hole` `[B, H, P]` marks."
@@ -597,6 +670,7 @@ def _fill(self:KiviStorage, hole, fk, fv):
     hv = hole[..., None]
     self.vp = (mx.where(hv, pv, vq), mx.where(hv, sv, vs), mx.where(hv, bv, vb))
 
+# %% ../nbs/03a_storage.ipynb #7d3ede05
 @patch
 def _fill_one(self:KiviStorage, victim, in_q, fk, fv):
     "Refill slot `victim` `[B, H]` (rows where `in_q`) with `fk`, `fv` `[B, H, 1, D]`: one key group, one value row."
@@ -620,6 +694,7 @@ def _fill_one(self:KiviStorage, victim, in_q, fk, fv):
         return mx.put_along_axis(a, at, mx.where(keep_old, mx.take_along_axis(a, at, axis=2), new), axis=2)
     self.vp = tuple(row(a, n) for a, n in zip(self.vp, quantize_groups(fv, self.bits, G)))
 
+# %% ../nbs/03a_storage.ipynb #dd214da8
 @patch
 def replace(self:KiviStorage, victim, keys, values):
     "The newcomer joins the residual; a victim inside the prefix gets the oldest residual token; the new order."
@@ -649,6 +724,7 @@ def _unpack(self:KiviStorage):
     self.kp = self.vp = None
     self.P, self.repacks = 0, self.repacks + 1
 
+# %% ../nbs/03a_storage.ipynb #8fcae342
 @patch
 def keep(self:KiviStorage, idx, count:int):
     "Keep slots `idx`: holes in the prefix refilled by the first kept residual tokens; the new order."
@@ -671,6 +747,7 @@ def keep(self:KiviStorage, idx, count:int):
     self.kr, self.vr = mx.take_along_axis(self.kr, rest, axis=2), mx.take_along_axis(self.vr, rest, axis=2)
     return order
 
+# %% ../nbs/03a_storage.ipynb #5b5dd9d0
 @patch
 def drop_front(self:KiviStorage, drop:int, count:int):
     "Keep slots `drop..count-1` (a slice while everything is in full precision)."
@@ -687,6 +764,7 @@ def truncate(self:KiviStorage, keep:int):
     if keep < self.P: self._unpack()
     self.kr, self.vr = self.kr[:, :, :keep - self.P], self.vr[:, :, :keep - self.P]
 
+# %% ../nbs/03a_storage.ipynb #b076273b
 @patch
 def key_rows(self:KiviStorage, a:int, b:int):
     "The keys of slots `a..b-1` (the prefix dequantized)."
@@ -716,12 +794,14 @@ def arrays(self:KiviStorage)->tuple:
     keep = lambda t: tuple(a for a in t if a is not None)
     return keep((*(self.kp or ()), self.kr)), keep((*(self.vp or ()), self.vr))
 
+# %% ../nbs/03a_storage.ipynb #0a520711
 @patch
 def state(self:KiviStorage)->tuple:
     "(key arrays, value arrays) for a saved state (None for an empty prefix)."
     none = [None, None, None]
     return [*(self.kp or none), self.kr], [*(self.vp or none), self.vr]
 
+# %% ../nbs/03a_storage.ipynb #1a5241ee
 @patch
 def set_state(self:KiviStorage, keys, values, meta:dict|None=None):
     "Restore from `state()` (checked: the prefix length must match its arrays)."
@@ -735,6 +815,7 @@ def set_state(self:KiviStorage, keys, values, meta:dict|None=None):
         raise ValueError(f"KIVI state says prefix={self.P} but its arrays hold {held} quantized slots")
     self._dims, self.dtype = (*self.kr.shape[:2], self.kr.shape[3], self.vr.shape[3]), self.kr.dtype
 
+# %% ../nbs/03a_storage.ipynb #292a8f0b
 @patch
 def meta(self:KiviStorage)->dict:
     "The format and the prefix length, for a saved state."
