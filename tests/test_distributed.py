@@ -71,23 +71,33 @@ def run_two_ranks(*args, timeout:int=900)->subprocess.CompletedProcess:
 def model_dir(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory.mktemp("dist") / "tiny-llama", "llama", seed=1, head_dim=32)
 
-def test_every_method_matches_one_process(model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory):
+    "6 layers (2 global), a window of 64: SqueezeAttention's schedule depends on every layer's signal."
+    return tiny_model_dir(tmp_path_factory.mktemp("dist") / "tiny-gemma3", "gemma3", seed=1, head_dim=32, n_layers=6,
+                          sliding_window=64)
+
+UNREDUCED = (                               # the same run without the reduction (tensor) or the gather (pipeline)
+    "model, _ = d.load_sharded(sys.argv[1])\n"
+    "if d._STATE['mode'] == 'tensor': d.use_group(None)\n"
+    "else: d._gather_signals = lambda *a: None\n"
+    "name = 'squeeze@key_dispersion'\n"
+    "plain = d.sharding_checks(model, {name: d.check_configs()[name]})\n"
+    "if d.rank() == 0: json.dump(plain, open(sys.argv[3], 'w'))\n")
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_method_matches_one_process(arch, model_dir, gemma_dir, tmp_path):
+    "Llama: tensor parallel (one KV head per rank); Gemma 3: pipeline (three layers per rank, `pipeline_gemma3`)."
+    path = model_dir if arch == "llama" else gemma_dir
     script = tmp_path / "ranks.py"
-    script.write_text(
-        "import sys, json\n"
-        "import veloxquant_mlx.distributed as d\n"
-        "from veloxquant_mlx.builder import KVCacheBuilder\n"
-        "res = d.verify_sharding(sys.argv[1], sys.argv[2])\n"
-        "model, _ = d.load_sharded(sys.argv[1])\n"
-        "d.use_group(None)                      # the same run without the reduction: what it is there for\n"
-        "name = 'squeeze@key_dispersion'\n"
-        "plain = d.sharding_checks(model, {name: d.check_configs()[name]})\n"
-        "if d.rank() == 0: json.dump(plain, open(sys.argv[3], 'w'))\n")
+    script.write_text("import sys, json\nimport veloxquant_mlx.distributed as d\n"
+                      "res = d.verify_sharding(sys.argv[1], sys.argv[2])\n" + UNREDUCED)
     two, plain = tmp_path / "two.json", tmp_path / "plain.json"
-    r = run_two_ranks(str(script), str(model_dir), str(two), str(plain))
-    got, unreduced = json.loads(two.read_text()), json.loads(plain.read_text())
-    one = verify_sharding(model_dir)
-    assert got.pop("_meta") == {"ranks": 2, "mode": "tensor"} and one.pop("_meta")["ranks"] == 1
+    run_two_ranks(str(script), str(path), str(two), str(plain))
+    got = json.loads(two.read_text())
+    one = verify_sharding(path)
+    mode = "tensor" if arch == "llama" else "pipeline"
+    assert got.pop("_meta") == {"ranks": 2, "mode": mode} and one.pop("_meta")["ranks"] == 1
     assert set(got) == set(one)
     worst = {}
     for name, ref in one.items():
@@ -97,23 +107,28 @@ def test_every_method_matches_one_process(model_dir, tmp_path):
         assert g["forced_argmax"] == ref["forced_argmax"], name
         assert g["greedy"] == ref["greedy"], name
         assert len(g["kv_bytes_by_rank"]) == 2 and sum(g["kv_bytes_by_rank"]) == ref["kv_bytes_by_rank"][0], name
-        assert g["kv_bytes_by_rank"][0] == g["kv_bytes_by_rank"][1], name     # one KV head each, same kept counts
-    name = "squeeze@key_dispersion"
+        assert min(g["kv_bytes_by_rank"]) > 0, name                       # both ranks hold part of the cache
+        if mode == "tensor": assert g["kv_bytes_by_rank"][0] == g["kv_bytes_by_rank"][1], name   # one KV head each
+    line = ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+    name, what = "squeeze@key_dispersion", "reduction" if mode == "tensor" else "gather"
+    unreduced = json.loads(plain.read_text())
     off = float(np.abs(np.array(unreduced[name]["logits"]) - np.array(one[name]["logits"])).max())
-    assert off > 1e-2, f"without the all_sum the key-dispersion schedule should differ; max |d logits| {off}"
-    print(f"\n2 ranks vs 1 process, max |d logits| per configuration: "
-          + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
-          + f"; squeeze@key_dispersion without the reduction: {off:.3f}")
+    assert off > 1e-2, f"without the {what} the key-dispersion schedule should differ; max |d logits| {off}"
+    line += f"; {name} without the {what}: {off:.3f}"
+    print(f"\n{arch} ({mode}), 2 ranks vs 1 process, max |d logits| per configuration: {line}")
 
 CLI = "import sys; from veloxquant_mlx.cli import main; sys.exit(main())"
 PROMPT = "Eviction keeps a budget of tokens per layer; the ranks each keep their heads' share. " * 3
 
-@pytest.mark.parametrize("args", [
-    ["generate", "--method", "snapkv", "--kv-fraction", "0.25"],
-    ["compare", "--methods", "h2o,squeeze", "--budget", "48", "--signal", "key_dispersion"]], ids=["generate", "compare"])
-def test_cli_under_mlx_launch(model_dir, args):
+@pytest.mark.parametrize("arch,args", [
+    ("llama", ["generate", "--method", "snapkv", "--kv-fraction", "0.25"]),
+    ("llama", ["compare", "--methods", "h2o,squeeze", "--budget", "48", "--signal", "key_dispersion"]),
+    ("gemma3", ["compare", "--methods", "squeeze,pyramidkv", "--budget", "24", "--signal", "key_dispersion"])],
+    ids=["generate-tensor", "compare-tensor", "compare-pipeline"])
+def test_cli_under_mlx_launch(model_dir, gemma_dir, arch, args):
     from veloxquant_mlx.cli import main
-    args = [*args, "--model", str(model_dir), "--max-tokens", "12", "--prefill-step", "64", "--json", PROMPT]
+    path = model_dir if arch == "llama" else gemma_dir
+    args = [*args, "--model", str(path), "--max-tokens", "12", "--prefill-step", "64", "--json", PROMPT]
     r = run_two_ranks("-c", CLI, *args, timeout=600)
     lines = [l for l in r.stdout.splitlines() if l.startswith(("{", "["))]
     assert len(lines) == 1, r.stdout[-2000:]                           # rank 0 prints, rank 1 does not
