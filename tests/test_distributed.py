@@ -144,13 +144,16 @@ def test_cli_under_mlx_launch(model_dir, gemma_dir, arch, args):
         print(f"\n{args[0]} on 2 ranks, {t['label']}: {t['generated_tokens']} tokens as one process; KV bytes by "
               f"rank {t['kv_bytes_by_rank']} (one process {o['kv_bytes']}); squeeze budgets {t['squeeze_budgets']}")
 
-def test_serve_on_two_ranks_over_http(model_dir):
+@pytest.mark.parametrize("arch,method", [("llama", "h2o"), ("gemma3", "squeeze")],
+                         ids=["tensor-h2o", "pipeline-squeeze"])
+def test_serve_on_two_ranks_over_http(model_dir, gemma_dir, arch, method):
     from mlx_lm import load
     from veloxquant_mlx.batch import greedy_alone
     from veloxquant_mlx.builder import KVCacheBuilder
     from veloxquant_mlx.cli import method_config
     from test_serve import complete
-    cmd = launch_cmd("-c", CLI, "serve", "--model", str(model_dir), "--method", "h2o", "--budget", "24", "--port", "0",
+    path = model_dir if arch == "llama" else gemma_dir
+    cmd = launch_cmd("-c", CLI, "serve", "--model", str(path), "--method", method, "--budget", "24", "--port", "0",
                      "--", "--log-level", "WARNING")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True)
@@ -167,7 +170,7 @@ def test_serve_on_two_ranks_over_http(model_dir):
         served = complete(url, PROMPT, 10)
     finally: os.killpg(proc.pid, signal.SIGKILL)                        # mlx-lm's distributed server has no stop
     proc.wait(timeout=60)
-    model, tok = load(str(model_dir))
-    alone = greedy_alone(model, tok.encode(PROMPT), KVCacheBuilder.for_model(model, method_config("h2o", 24)), 10)
+    model, tok = load(str(path))
+    alone = greedy_alone(model, tok.encode(PROMPT), KVCacheBuilder.for_model(model, method_config(method, 24)), 10)
     assert served == alone
-    print(f"\nserve on 2 ranks answered {len(served)} tokens, the one-process tokens")
+    print(f"\nserve ({arch}, {method}) on 2 ranks answered {len(served)} tokens, the one-process tokens: {served}")

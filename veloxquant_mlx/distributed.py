@@ -173,19 +173,27 @@ def _tie(cache, h):
     if getattr(cache, "positions", None) is not None: cache.positions = mx.depends(cache.positions, h)
     elif isinstance(getattr(cache, "keys", None), mx.array): cache.keys = mx.depends(cache.keys, h)
 
+def _rows(c)->list:
+    "The one-sequence caches in a layer's slot: a batch layer's rows, or the cache itself."
+    return [] if c is None else (getattr(c, "rows", None) or [c])
+
 def _gather_signals(cache:list, local:list, sent:mx.array):
-    "Once per prompt: complete a SqueezeAttention schedule's signals from every rank (one `all_sum`), then resolve."
-    from veloxquant_mlx.builder import coordinator_of
-    co = coordinator_of(cache)
-    if co is None or not hasattr(co, "report") or co.resolved: return
-    mine = {j for j, c in co.layers.items() if any(c is x for x in local)}
-    if not mine <= set(co.reports): return
+    "Once per prompt: complete SqueezeAttention schedules' signals from every rank (one `all_sum`), then resolve them."
+    held, todo, seen = [r for c in local for r in _rows(c)], [], set()
+    for r in (r for c in cache for r in _rows(c)):
+        co = getattr(r, "coordinator", None)
+        if co is None or not hasattr(co, "report") or co.resolved or id(co) in seen: continue
+        seen.add(id(co))
+        mine = {j for j, c in co.layers.items() if any(c is x for x in held)}
+        if mine <= set(co.reports): todo.append((co, mine))     # every local layer has measured this prompt
+    if not todo: return
     mx.eval(sent)                           # the send finishes before the next collective
-    vec = [co.reports[j] if j in mine else 0.0 for j in range(co.n_layers)]
+    vec = [[co.reports[j] if j in mine else 0.0 for j in range(co.n_layers)] for co, mine in todo]
     total = mx.distributed.all_sum(mx.array(vec, dtype=mx.float32), stream=mx.cpu).tolist()
-    for j in range(co.n_layers):
-        if j not in mine: co.reports[j] = total[j]
-    co.finalize()
+    for (co, mine), row in zip(todo, total):
+        for j in range(co.n_layers):
+            if j not in mine: co.reports[j] = row[j]
+        co.finalize()
 
 # %% ../nbs/14_distributed.ipynb #d1400031
 class PipelinedGemma3Model(PipelineMixin, gemma3_text.Gemma3Model):
