@@ -174,3 +174,21 @@ def test_serve_on_two_ranks_over_http(model_dir, gemma_dir, arch, method):
     alone = greedy_alone(model, tok.encode(PROMPT), KVCacheBuilder.for_model(model, method_config(method, 24)), 10)
     assert served == alone
     print(f"\nserve ({arch}, {method}) on 2 ranks answered {len(served)} tokens, the one-process tokens: {served}")
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_default_model_on_two_ranks():
+    "The embedded Gemma 3 270M (no --model) split by layers over two ranks: the one-process tokens and schedule."
+    from veloxquant_mlx.cli import main
+    from veloxquant_mlx.models import prose_text
+    args = ["generate", "--method", "squeeze", "--budget", "64", "--max-tokens", "8", "--json", prose_text(1200)]
+    r = run_two_ranks("-c", CLI, *args, timeout=900)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    assert len(lines) == 1, r.stdout[-2000:]
+    buf = io.StringIO()
+    assert main(args, out=buf) == 0
+    two, one = json.loads(lines[0]), json.loads(buf.getvalue())
+    assert (two["text"], two["squeeze_budgets"]) == (one["text"], one["squeeze_budgets"])
+    assert two["kv_bytes_all_ranks"] == one["kv_bytes"] and min(two["kv_bytes_by_rank"]) > 0
+    print(f"\nGemma 3 270M on 2 ranks (pipeline): {two['text']!r} as one process; KV bytes by rank "
+          f"{two['kv_bytes_by_rank']} (one process {one['kv_bytes']})")
