@@ -360,7 +360,7 @@ def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's 
     per_token = 2 * n_layers * n_kv_heads * head_dim * kv_bytes * kv_share
     return int(free // per_token)
 
-# %% ../nbs/14_distributed.ipynb #d1400055
+# %% ../nbs/14_distributed.ipynb #d1400056
 BENCH_SHAPES = {"quick": dict(n_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=8,
                               num_key_value_heads=4, head_dim=32),
                 "full": dict(n_layers=8, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
@@ -373,7 +373,7 @@ def bench_configs(kv_group_size:int=32)->dict: # quantization group (divides hea
             "h2o@kv_fraction=0.25,kv_bits=4": method_config("h2o", kv_fraction=0.25, kv_bits=4,
                                                               kv_group_size=kv_group_size)}
 
-# %% ../nbs/14_distributed.ipynb #d1400057
+# %% ../nbs/14_distributed.ipynb #d1400058
 def bench_ranks(path, # an mlx-lm model directory (split over this launch's ranks, whole in one process)
                 prompt_len:int=512, # prompt tokens (random)
                 max_tokens:int=32, # generated tokens
@@ -395,7 +395,7 @@ def bench_ranks(path, # an mlx-lm model directory (split over this launch's rank
                          peak_memory_rank0=r["peak_memory"], wall_s=r["wall_s"]))
     return rows
 
-# %% ../nbs/14_distributed.ipynb #d1400059
+# %% ../nbs/14_distributed.ipynb #d1400060
 def bench_main(argv:list|None=None): # arguments (default: sys.argv[1:])
     "`scripts/bench_distributed.py`: one process vs two ranks of 127.0.0.1 on a random Llama-shaped model; JSON out."
     import argparse, platform, shutil, subprocess, tempfile, time
