@@ -17,7 +17,7 @@ __all__ = ['SPLITS', 'MODES', 'BENCH_SHAPES', 'world', 'rank', 'save_model_dir',
            'load_sharded', 'load_sharded_cli', 'check_config', 'PipelinedGemma3Model', 'pipeline_gemma3',
            'kv_bytes_by_rank', 'with_rank_bytes', 'rank_report_lines', 'rank_output', 'serve_worker', 'forced_logits',
            'check_configs', 'sharding_checks', 'verify_sharding', 'context_that_fits', 'bench_configs', 'bench_ranks',
-           'bench_main', 'bench_table']
+           'bench_table', 'run_bench', 'bench_main']
 
 # %% ../nbs/14_distributed.ipynb #d1400009
 _STATE = {"group": None, "mode": None}   # set by `use_group` (load_sharded): the group the model is split over
@@ -396,38 +396,6 @@ def bench_ranks(path, # an mlx-lm model directory (split over this launch's rank
     return rows
 
 # %% ../nbs/14_distributed.ipynb #d1400060
-def bench_main(argv:list|None=None): # arguments (default: sys.argv[1:])
-    "`scripts/bench_distributed.py`: one process vs two ranks of 127.0.0.1 on a random Llama-shaped model; JSON out."
-    import argparse, platform, shutil, subprocess, tempfile, time
-    ap = argparse.ArgumentParser(description=bench_main.__doc__)
-    ap.add_argument("--quick", action="store_true", help="a small model, a short prompt")
-    ap.add_argument("--out", default=None, help="JSON path (default nbs/results/distributed[_quick].json)")
-    ap.add_argument("--port", type=int, default=29650, help="the ring backend's first port")
-    a = ap.parse_args(argv)
-    shape, n = ("quick", (512, 32)) if a.quick else ("full", (2048, 64))
-    out = Path(a.out or f"nbs/results/distributed{'_quick' if a.quick else ''}.json")
-    launch = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
-    runs = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = tiny_model_dir(Path(tmp) / "model", "llama", seed=0, **BENCH_SHAPES[shape])
-        child = (f"import json, sys; from veloxquant_mlx.distributed import bench_ranks, rank; "
-                 f"r = bench_ranks(sys.argv[1], {n[0]}, {n[1]}); "
-                 f"rank() == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
-        for ranks in (1, 2):
-            res = Path(tmp) / f"r{ranks}.json"
-            pre = [] if ranks == 1 else [launch, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1",
-                                          "--starting-port", str(a.port), "--"]
-            subprocess.run([*pre, sys.executable, "-c", child, str(path), str(res)], check=True, timeout=3600)
-            runs[ranks] = json.loads(res.read_text())
-    doc = dict(command=" ".join(["python scripts/bench_distributed.py", *(argv if argv is not None else sys.argv[1:])]),
-               machine=dict(cpus=os.cpu_count(), platform=platform.platform(), backend="ring over 127.0.0.1"),
-               model=dict(arch="llama (random weights)", **BENCH_SHAPES[shape]), prompt_tokens=n[0],
-               generated_tokens=n[1], rows=runs[1] + runs[2], when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    print(bench_table(doc))
-    return doc
-
 def bench_table(doc:dict)->str:
     "The benchmark's rows as a Markdown table."
     out = ["| config | ranks | KV bytes per rank | KV bytes, all ranks | prefill tok/s | decode tok/s |",
@@ -437,3 +405,43 @@ def bench_table(doc:dict)->str:
         out.append(f"| {r['config']} | {r['ranks']} | {', '.join(map(str, r['kv_bytes_by_rank']))} | {r['kv_bytes']} "
                    f"| {r['prefill_tps']:.1f} | {dec} |")
     return "\n".join(out)
+
+# %% ../nbs/14_distributed.ipynb #d1400062
+def run_bench(path, # the model directory
+              ranks:int, # 1: a plain process; 2: `mlx.launch` of two ranks on 127.0.0.1 (ring backend)
+              port:int, # the ring backend's first port
+              prompt_len:int, max_tokens:int, # `bench_ranks` arguments
+              out_json)->list: # where rank 0 writes its rows
+    "`bench_ranks` in a fresh process (1 rank) or launch (2 ranks); rank 0's rows."
+    import shutil, subprocess
+    launch = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
+    child = (f"import json, sys; from veloxquant_mlx.distributed import bench_ranks, rank; "
+             f"r = bench_ranks(sys.argv[1], {prompt_len}, {max_tokens}); "
+             f"rank() == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+    pre = [] if ranks == 1 else [launch, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1", "--starting-port",
+                                 str(port), "--"]
+    subprocess.run([*pre, sys.executable, "-c", child, str(path), str(out_json)], check=True, timeout=3600)
+    return json.loads(Path(out_json).read_text())
+
+# %% ../nbs/14_distributed.ipynb #d1400063
+def bench_main(argv:list|None=None): # arguments (default: sys.argv[1:])
+    "`scripts/bench_distributed.py`: one process vs two ranks of 127.0.0.1 on a random Llama-shaped model; JSON out."
+    import argparse, platform, tempfile, time
+    ap = argparse.ArgumentParser(description=bench_main.__doc__)
+    ap.add_argument("--quick", action="store_true", help="a small model, a short prompt")
+    ap.add_argument("--out", default=None, help="JSON path (default nbs/results/distributed[_quick].json)")
+    ap.add_argument("--port", type=int, default=29650, help="the ring backend's first port")
+    a = ap.parse_args(argv)
+    shape, (n, m) = ("quick", (512, 32)) if a.quick else ("full", (2048, 64))
+    out = Path(a.out or f"nbs/results/distributed{'_quick' if a.quick else ''}.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_model_dir(Path(tmp) / "model", "llama", seed=0, **BENCH_SHAPES[shape])
+        rows = [r for k in (1, 2) for r in run_bench(path, k, a.port, n, m, Path(tmp) / f"r{k}.json")]
+    doc = dict(command=" ".join(["python scripts/bench_distributed.py", *(argv if argv is not None else sys.argv[1:])]),
+               machine=dict(cpus=os.cpu_count(), platform=platform.platform(), backend="ring over 127.0.0.1"),
+               model=dict(arch="llama (random weights)", **BENCH_SHAPES[shape]), prompt_tokens=n, generated_tokens=m,
+               rows=rows, when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    print(bench_table(doc))
+    return doc
