@@ -142,7 +142,7 @@ def test_cli_under_mlx_launch(model_dir, gemma_dir, arch, args):
         assert t["full_kv_bytes_all_ranks"] == o["full_kv_bytes"]
         assert t["squeeze_budgets"] == o["squeeze_budgets"]             # the reduced key-dispersion schedule
         print(f"\n{args[0]} on 2 ranks, {t['label']}: {t['generated_tokens']} tokens as one process; KV bytes by "
-              f"rank {t['kv_bytes_by_rank']} (one process {o['kv_bytes']}); squeeze budgets {t['squeeze_budgets']}")
+              f"rank {t['kv_bytes_by_rank']} (one process {o['kv_bytes']}); resolved budgets {t['squeeze_budgets']}")
 
 @pytest.mark.parametrize("arch,method", [("llama", "h2o"), ("gemma3", "squeeze")],
                          ids=["tensor-h2o", "pipeline-squeeze"])
