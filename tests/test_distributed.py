@@ -1,16 +1,19 @@
-"""Two real ranks on 127.0.0.1 (`mlx.launch --backend ring -n 2 --hosts 127.0.0.1`) against one process, on a tiny
-random Llama (4 query heads, 2 KV heads: one per rank) saved as an mlx-lm model directory and split by mlx-lm's
-`sharded_load` (tensor parallel), as `veloxquant` does under `mlx.launch` (notebook 14).
+"""Two real ranks on 127.0.0.1 (`mlx.launch --backend ring -n 2 --hosts 127.0.0.1`) against one process, on tiny random
+models saved as mlx-lm model directories, split as `veloxquant` splits them under `mlx.launch` (notebook 14): a Llama
+(4 query heads, 2 KV heads: one per rank) tensor parallel through mlx-lm's `sharded_load`, and a Gemma 3 (6 layers:
+three per rank) by layers through `pipeline_gemma3`.
 
 - every configuration of `distributed.check_configs` (every registered method, `kv_fraction`, 4-bit storage,
-  SqueezeAttention's key-dispersion signal, chunked compression; prompt prefilled in chunks of 64): the teacher-forced
-  logits within 1e-3 of one process's, the same argmax and greedy tokens, the two ranks' KV bytes summing to one
-  process's; and without the reduction the key-dispersion run is measurably off (the reduction is needed);
-- `veloxquant generate` under the launch prints once (rank 0) the one-process tokens, with every rank's KV bytes;
-- `veloxquant serve` on two ranks answers an HTTP request with the one-process tokens.
+  SqueezeAttention's key-dispersion signal, chunked compression; prompts prefilled in chunks of 64): the teacher-forced
+  logits within 1e-3 of one process's, the same argmax and greedy tokens, the ranks' KV bytes summing to one
+  process's; and without the reduction (tensor) or the gather (pipeline) the key-dispersion run is measurably off;
+- `veloxquant generate` / `compare` under the launch print once (rank 0) the one-process tokens and schedule, with every
+  rank's KV bytes;
+- `veloxquant serve` on two ranks answers an HTTP request with the one-process tokens (Llama h2o, Gemma 3 squeeze);
+- (model marker) the embedded Gemma 3 270M on two ranks gives the one-process text and schedule.
 
-Run: `pytest -q -s tests/test_distributed.py` (about 2 minutes on 2 CPU cores). Skipped only where MLX has no
-distributed backend or no `mlx.launch`."""
+Run: `pytest -q -s tests/test_distributed.py` (about 4 minutes on 2 CPU cores, 70 s of it the real model). Skipped only
+where MLX has no distributed backend or no `mlx.launch`."""
 import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before mlx on Linux)
 import io, json, os, re, shutil, signal, socket, subprocess, sys, threading, time, urllib.request
 from pathlib import Path
