@@ -38,6 +38,9 @@ def save_model_dir(model, # an mlx-lm model (its `args` dataclass becomes config
                    path, # the directory to write (created)
                    tokenizer=None)->Path: # a Hugging Face tokenizer or mlx-lm `TokenizerWrapper` (saved beside)
     "Write `model` as an mlx-lm model directory: config.json, model.safetensors and its index, the tokenizer."
+    if not dataclasses.is_dataclass(getattr(model, "args", None)):
+        raise ValueError(f"`model` must be an mlx-lm model (its `args` dataclass becomes config.json), got "
+                         f"{type(model).__name__}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = {k: v for k, v in dataclasses.asdict(model.args).items() if v is not None}
@@ -355,6 +358,7 @@ def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's 
     "Tokens of context whose KV cache fits beside the weights on the cluster, when `kv_share` of the cache is kept."
     if not 0 < kv_share <= 1: raise ValueError(f"`kv_share` must be in (0, 1], got {kv_share!r}")
     if not 0 < usable <= 1: raise ValueError(f"`usable` must be in (0, 1], got {usable!r}")
+    if n_machines < 1: raise ValueError(f"`n_machines` must be at least 1, got {n_machines!r}")
     free = n_machines * machine_gib * 2**30 * usable - n_params * weight_bytes
     if free <= 0: return 0
     per_token = 2 * n_layers * n_kv_heads * head_dim * kv_bytes * kv_share
