@@ -1,16 +1,19 @@
-"""Two real ranks on 127.0.0.1 (`mlx.launch --backend ring -n 2 --hosts 127.0.0.1`) against one process, on a tiny
-random Llama (4 query heads, 2 KV heads: one per rank) saved as an mlx-lm model directory and split by mlx-lm's
-`sharded_load` (tensor parallel), as `veloxquant` does under `mlx.launch` (notebook 14).
+"""Two real ranks on 127.0.0.1 (`mlx.launch --backend ring -n 2 --hosts 127.0.0.1`) against one process, on tiny random
+models saved as mlx-lm model directories, split as `veloxquant` splits them under `mlx.launch` (notebook 14): a Llama
+(4 query heads, 2 KV heads: one per rank) tensor parallel through mlx-lm's `sharded_load`, and a Gemma 3 (6 layers:
+three per rank) by layers through `pipeline_gemma3`.
 
 - every configuration of `distributed.check_configs` (every registered method, `kv_fraction`, 4-bit storage,
-  SqueezeAttention's key-dispersion signal, chunked compression; prompt prefilled in chunks of 64): the teacher-forced
-  logits within 1e-3 of one process's, the same argmax and greedy tokens, the two ranks' KV bytes summing to one
-  process's; and without the reduction the key-dispersion run is measurably off (the reduction is needed);
-- `veloxquant generate` under the launch prints once (rank 0) the one-process tokens, with every rank's KV bytes;
-- `veloxquant serve` on two ranks answers an HTTP request with the one-process tokens.
+  SqueezeAttention's key-dispersion signal, chunked compression; prompts prefilled in chunks of 64): the teacher-forced
+  logits within 1e-3 of one process's, the same argmax and greedy tokens, the ranks' KV bytes summing to one
+  process's; and without the reduction (tensor) or the gather (pipeline) the key-dispersion run is measurably off;
+- `veloxquant generate` / `compare` under the launch print once (rank 0) the one-process tokens and schedule, with every
+  rank's KV bytes;
+- `veloxquant serve` on two ranks answers an HTTP request with the one-process tokens (Llama h2o, Gemma 3 squeeze);
+- (model marker) the embedded Gemma 3 270M on two ranks gives the one-process text and schedule.
 
-Run: `pytest -q -s tests/test_distributed.py` (about 2 minutes on 2 CPU cores). Skipped only where MLX has no
-distributed backend or no `mlx.launch`."""
+Run: `pytest -q -s tests/test_distributed.py` (about 4 minutes on 2 CPU cores, 70 s of it the real model). Skipped only
+where MLX has no distributed backend or no `mlx.launch`."""
 import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before mlx on Linux)
 import io, json, os, re, shutil, signal, socket, subprocess, sys, threading, time, urllib.request
 from pathlib import Path
@@ -71,23 +74,33 @@ def run_two_ranks(*args, timeout:int=900)->subprocess.CompletedProcess:
 def model_dir(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory.mktemp("dist") / "tiny-llama", "llama", seed=1, head_dim=32)
 
-def test_every_method_matches_one_process(model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory):
+    "6 layers (2 global), a window of 64: SqueezeAttention's schedule depends on every layer's signal."
+    return tiny_model_dir(tmp_path_factory.mktemp("dist") / "tiny-gemma3", "gemma3", seed=1, head_dim=32, n_layers=6,
+                          sliding_window=64)
+
+UNREDUCED = (                               # the same run without the reduction (tensor) or the gather (pipeline)
+    "model, _ = d.load_sharded(sys.argv[1])\n"
+    "if d._STATE['mode'] == 'tensor': d.use_group(None)\n"
+    "else: d._gather_signals = lambda *a: None\n"
+    "name = 'squeeze@key_dispersion'\n"
+    "plain = d.sharding_checks(model, {name: d.check_configs()[name]})\n"
+    "if d.rank() == 0: json.dump(plain, open(sys.argv[3], 'w'))\n")
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_method_matches_one_process(arch, model_dir, gemma_dir, tmp_path):
+    "Llama: tensor parallel (one KV head per rank); Gemma 3: pipeline (three layers per rank, `pipeline_gemma3`)."
+    path = model_dir if arch == "llama" else gemma_dir
     script = tmp_path / "ranks.py"
-    script.write_text(
-        "import sys, json\n"
-        "import veloxquant_mlx.distributed as d\n"
-        "from veloxquant_mlx.builder import KVCacheBuilder\n"
-        "res = d.verify_sharding(sys.argv[1], sys.argv[2])\n"
-        "model, _ = d.load_sharded(sys.argv[1])\n"
-        "d.use_group(None)                      # the same run without the reduction: what it is there for\n"
-        "name = 'squeeze@key_dispersion'\n"
-        "plain = d.sharding_checks(model, {name: d.check_configs()[name]})\n"
-        "if d.rank() == 0: json.dump(plain, open(sys.argv[3], 'w'))\n")
+    script.write_text("import sys, json\nimport veloxquant_mlx.distributed as d\n"
+                      "res = d.verify_sharding(sys.argv[1], sys.argv[2])\n" + UNREDUCED)
     two, plain = tmp_path / "two.json", tmp_path / "plain.json"
-    r = run_two_ranks(str(script), str(model_dir), str(two), str(plain))
-    got, unreduced = json.loads(two.read_text()), json.loads(plain.read_text())
-    one = verify_sharding(model_dir)
-    assert got.pop("_meta") == {"ranks": 2, "mode": "tensor"} and one.pop("_meta")["ranks"] == 1
+    run_two_ranks(str(script), str(path), str(two), str(plain))
+    got = json.loads(two.read_text())
+    one = verify_sharding(path)
+    mode = "tensor" if arch == "llama" else "pipeline"
+    assert got.pop("_meta") == {"ranks": 2, "mode": mode} and one.pop("_meta")["ranks"] == 1
     assert set(got) == set(one)
     worst = {}
     for name, ref in one.items():
@@ -97,23 +110,28 @@ def test_every_method_matches_one_process(model_dir, tmp_path):
         assert g["forced_argmax"] == ref["forced_argmax"], name
         assert g["greedy"] == ref["greedy"], name
         assert len(g["kv_bytes_by_rank"]) == 2 and sum(g["kv_bytes_by_rank"]) == ref["kv_bytes_by_rank"][0], name
-        assert g["kv_bytes_by_rank"][0] == g["kv_bytes_by_rank"][1], name     # one KV head each, same kept counts
-    name = "squeeze@key_dispersion"
+        assert min(g["kv_bytes_by_rank"]) > 0, name                       # both ranks hold part of the cache
+        if mode == "tensor": assert g["kv_bytes_by_rank"][0] == g["kv_bytes_by_rank"][1], name   # one KV head each
+    line = ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+    name, what = "squeeze@key_dispersion", "reduction" if mode == "tensor" else "gather"
+    unreduced = json.loads(plain.read_text())
     off = float(np.abs(np.array(unreduced[name]["logits"]) - np.array(one[name]["logits"])).max())
-    assert off > 1e-2, f"without the all_sum the key-dispersion schedule should differ; max |d logits| {off}"
-    print(f"\n2 ranks vs 1 process, max |d logits| per configuration: "
-          + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
-          + f"; squeeze@key_dispersion without the reduction: {off:.3f}")
+    assert off > 1e-2, f"without the {what} the key-dispersion schedule should differ; max |d logits| {off}"
+    line += f"; {name} without the {what}: {off:.3f}"
+    print(f"\n{arch} ({mode}), 2 ranks vs 1 process, max |d logits| per configuration: {line}")
 
 CLI = "import sys; from veloxquant_mlx.cli import main; sys.exit(main())"
 PROMPT = "Eviction keeps a budget of tokens per layer; the ranks each keep their heads' share. " * 3
 
-@pytest.mark.parametrize("args", [
-    ["generate", "--method", "snapkv", "--kv-fraction", "0.25"],
-    ["compare", "--methods", "h2o,squeeze", "--budget", "48", "--signal", "key_dispersion"]], ids=["generate", "compare"])
-def test_cli_under_mlx_launch(model_dir, args):
+@pytest.mark.parametrize("arch,args", [
+    ("llama", ["generate", "--method", "snapkv", "--kv-fraction", "0.25"]),
+    ("llama", ["compare", "--methods", "h2o,squeeze", "--budget", "48", "--signal", "key_dispersion"]),
+    ("gemma3", ["compare", "--methods", "squeeze,pyramidkv", "--budget", "24", "--signal", "key_dispersion"])],
+    ids=["generate-tensor", "compare-tensor", "compare-pipeline"])
+def test_cli_under_mlx_launch(model_dir, gemma_dir, arch, args):
     from veloxquant_mlx.cli import main
-    args = [*args, "--model", str(model_dir), "--max-tokens", "12", "--prefill-step", "64", "--json", PROMPT]
+    path = model_dir if arch == "llama" else gemma_dir
+    args = [*args, "--model", str(path), "--max-tokens", "12", "--prefill-step", "64", "--json", PROMPT]
     r = run_two_ranks("-c", CLI, *args, timeout=600)
     lines = [l for l in r.stdout.splitlines() if l.startswith(("{", "["))]
     assert len(lines) == 1, r.stdout[-2000:]                           # rank 0 prints, rank 1 does not
@@ -127,15 +145,18 @@ def test_cli_under_mlx_launch(model_dir, args):
         assert t["full_kv_bytes_all_ranks"] == o["full_kv_bytes"]
         assert t["squeeze_budgets"] == o["squeeze_budgets"]             # the reduced key-dispersion schedule
         print(f"\n{args[0]} on 2 ranks, {t['label']}: {t['generated_tokens']} tokens as one process; KV bytes by "
-              f"rank {t['kv_bytes_by_rank']} (one process {o['kv_bytes']}); squeeze budgets {t['squeeze_budgets']}")
+              f"rank {t['kv_bytes_by_rank']} (one process {o['kv_bytes']}); resolved budgets {t['squeeze_budgets']}")
 
-def test_serve_on_two_ranks_over_http(model_dir):
+@pytest.mark.parametrize("arch,method", [("llama", "h2o"), ("gemma3", "squeeze")],
+                         ids=["tensor-h2o", "pipeline-squeeze"])
+def test_serve_on_two_ranks_over_http(model_dir, gemma_dir, arch, method):
     from mlx_lm import load
     from veloxquant_mlx.batch import greedy_alone
     from veloxquant_mlx.builder import KVCacheBuilder
     from veloxquant_mlx.cli import method_config
     from test_serve import complete
-    cmd = launch_cmd("-c", CLI, "serve", "--model", str(model_dir), "--method", "h2o", "--budget", "24", "--port", "0",
+    path = model_dir if arch == "llama" else gemma_dir
+    cmd = launch_cmd("-c", CLI, "serve", "--model", str(path), "--method", method, "--budget", "24", "--port", "0",
                      "--", "--log-level", "WARNING")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True)
@@ -152,7 +173,25 @@ def test_serve_on_two_ranks_over_http(model_dir):
         served = complete(url, PROMPT, 10)
     finally: os.killpg(proc.pid, signal.SIGKILL)                        # mlx-lm's distributed server has no stop
     proc.wait(timeout=60)
-    model, tok = load(str(model_dir))
-    alone = greedy_alone(model, tok.encode(PROMPT), KVCacheBuilder.for_model(model, method_config("h2o", 24)), 10)
+    model, tok = load(str(path))
+    alone = greedy_alone(model, tok.encode(PROMPT), KVCacheBuilder.for_model(model, method_config(method, 24)), 10)
     assert served == alone
-    print(f"\nserve on 2 ranks answered {len(served)} tokens, the one-process tokens")
+    print(f"\nserve ({arch}, {method}) on 2 ranks answered {len(served)} tokens, the one-process tokens: {served}")
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_default_model_on_two_ranks():
+    "The embedded Gemma 3 270M (no --model) split by layers over two ranks: the one-process tokens and schedule."
+    from veloxquant_mlx.cli import main
+    from veloxquant_mlx.models import prose_text
+    args = ["generate", "--method", "squeeze", "--budget", "64", "--max-tokens", "8", "--json", prose_text(1200)]
+    r = run_two_ranks("-c", CLI, *args, timeout=900)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    assert len(lines) == 1, r.stdout[-2000:]
+    buf = io.StringIO()
+    assert main(args, out=buf) == 0
+    two, one = json.loads(lines[0]), json.loads(buf.getvalue())
+    assert (two["text"], two["squeeze_budgets"]) == (one["text"], one["squeeze_budgets"])
+    assert two["kv_bytes_all_ranks"] == one["kv_bytes"] and min(two["kv_bytes_by_rank"]) > 0
+    print(f"\nGemma 3 270M on 2 ranks (pipeline): {two['text']!r} as one process; KV bytes by rank "
+          f"{two['kv_bytes_by_rank']} (one process {one['kv_bytes']})")

@@ -13,10 +13,11 @@ from mlx.utils import tree_flatten
 from .coordinator import SqueezeCoordinator
 
 # %% auto #0
-__all__ = ['MODES', 'BENCH_SHAPES', 'world', 'rank', 'save_model_dir', 'tiny_model_dir', 'mean_over_ranks', 'use_group',
-           'load_sharded', 'load_sharded_cli', 'check_config', 'kv_bytes_by_rank', 'with_rank_bytes',
-           'rank_report_lines', 'rank_output', 'serve_worker', 'forced_logits', 'check_configs', 'sharding_checks',
-           'verify_sharding', 'context_that_fits', 'bench_configs', 'bench_ranks', 'bench_main', 'bench_table']
+__all__ = ['SPLITS', 'MODES', 'BENCH_SHAPES', 'world', 'rank', 'save_model_dir', 'tiny_model_dir', 'mean_over_ranks', 'use_group',
+           'load_sharded', 'load_sharded_cli', 'check_config', 'PipelinedGemma3Model', 'pipeline_gemma3',
+           'kv_bytes_by_rank', 'with_rank_bytes', 'rank_report_lines', 'rank_output', 'serve_worker', 'forced_logits',
+           'check_configs', 'sharding_checks', 'verify_sharding', 'context_that_fits', 'bench_configs', 'bench_ranks',
+           'bench_table', 'run_bench', 'bench_main']
 
 # %% ../nbs/14_distributed.ipynb #d1400009
 _STATE = {"group": None, "mode": None}   # set by `use_group` (load_sharded): the group the model is split over
@@ -37,6 +38,9 @@ def save_model_dir(model, # an mlx-lm model (its `args` dataclass becomes config
                    path, # the directory to write (created)
                    tokenizer=None)->Path: # a Hugging Face tokenizer or mlx-lm `TokenizerWrapper` (saved beside)
     "Write `model` as an mlx-lm model directory: config.json, model.safetensors and its index, the tokenizer."
+    if not dataclasses.is_dataclass(getattr(model, "args", None)):
+        raise ValueError(f"`model` must be an mlx-lm model (its `args` dataclass becomes config.json), got "
+                         f"{type(model).__name__}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = {k: v for k, v in dataclasses.asdict(model.args).items() if v is not None}
@@ -74,7 +78,7 @@ def mean_over_ranks(values:list, # one float per layer (this rank's)
 
 def _finalize_across_ranks(self:SqueezeCoordinator):
     g, mode = _STATE["group"], _STATE["mode"]
-    if g is not None and mode == "pipeline": raise ValueError(_PIPELINE_SQUEEZE)
+    if g is not None and mode == "pipeline-mlx": raise ValueError(_PIPELINE_SQUEEZE)
     if g is not None and mode == "tensor" and self.signal == "key_dispersion" and not self.missing:
         mean = mean_over_ranks([self.reports[i] for i in range(self.n_layers)], g)
         self.reports = dict(enumerate(mean))
@@ -82,10 +86,12 @@ def _finalize_across_ranks(self:SqueezeCoordinator):
     return SqueezeCoordinator._veloxquant_local_finalize(self)
 
 # %% ../nbs/14_distributed.ipynb #d1400016
+SPLITS = ("tensor", "pipeline", "pipeline-mlx")  # heads; layers with global cache lists (ours); mlx-lm's own pipelines
+
 def use_group(group, # the group the model is split over (None: a single process)
-              mode:str="tensor"): # "tensor" (heads split: reduce) or "pipeline" (layers split)
+              mode:str="tensor"): # one of `SPLITS`
     "Make this process's SqueezeAttention schedules reduce their key-dispersion signals over `group`."
-    if mode not in ("tensor", "pipeline"): raise ValueError(f"`mode` must be 'tensor' or 'pipeline', got {mode!r}")
+    if mode not in SPLITS: raise ValueError(f"`mode` must be one of {SPLITS}, got {mode!r}")
     _STATE["group"] = group if group is not None and group.size() > 1 else None
     _STATE["mode"] = mode
     if "_veloxquant_local_finalize" not in SqueezeCoordinator.__dict__:
@@ -102,6 +108,8 @@ def load_sharded(path, # an mlx-lm model directory
     from mlx_lm.utils import sharded_load
     if mode not in MODES: raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}")
     g = mx.distributed.init()
+    if json.loads((Path(path) / "config.json").read_text()).get("model_type") == "gemma3_text" and mode != "tensor":
+        return _load_gemma3_pipeline(path, g, float32)
     try: model, tok = sharded_load(str(path), pipeline_group=g if mode == "pipeline" else None,
                                    tensor_group=g if mode == "tensor" else None)
     except ValueError as e: raise ValueError(f"{path}: {e} (mode={mode!r})") from None
@@ -109,30 +117,132 @@ def load_sharded(path, # an mlx-lm model directory
         model.set_dtype(mx.float32)
         mx.eval(model.parameters())
     piped = getattr(getattr(model, "model", None), "pipeline_size", 1) > 1
-    use_group(g, "pipeline" if piped else "tensor")
+    use_group(g, "pipeline-mlx" if piped else "tensor")
+    return model, tok
+
+def _load_gemma3_pipeline(path, g, float32:bool):
+    "A Gemma 3 text model directory split by layers (`pipeline_gemma3`): only this rank's weights are read."
+    from mlx_lm.utils import load_model, load_tokenizer
+    model, config = load_model(Path(path), lazy=True, strict=False)
+    pipeline_gemma3(model, g)
+    if float32: model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    tok = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))        # every rank loaded (as sharded_load)
+    use_group(g, "pipeline")
     return model, tok
 
 def load_sharded_cli(spec:str|None): # the CLI's --model value
-    "`load_sharded` for `veloxquant` under `mlx.launch`: `--model` must name an mlx-lm model directory."
-    if not spec or not (Path(spec).expanduser() / "config.json").is_file():
-        raise FileNotFoundError(f"under mlx.launch --model must be an mlx-lm model directory that mlx-lm can split "
-                                f"over the ranks (the default Gemma 3 270M cannot be split), got {spec!r}")
+    "`load_sharded` for `veloxquant` under `mlx.launch`: an mlx-lm model directory, or None: the default model."
+    if not spec:                                                      # the embedded Gemma 3 270M, split by layers
+        from veloxquant_mlx.models import ensure_default_model
+        return load_sharded(ensure_default_model(progress=False))
+    if not (Path(spec).expanduser() / "config.json").is_file():
+        raise FileNotFoundError(f"under mlx.launch --model must be an mlx-lm model directory (split over the ranks), "
+                                f"got {spec!r}")
     return load_sharded(Path(spec).expanduser())
 
 # %% ../nbs/14_distributed.ipynb #d1400026
-_PIPELINE_SQUEEZE = ("method 'squeeze' under pipeline parallelism: its schedule needs every layer's signal and each "
-                     "rank holds only its own layers; give `resolved_budget` (from a one-process run) or use tensor "
-                     "parallelism")
+_PIPELINE_SQUEEZE = ("method 'squeeze' on a model mlx-lm pipelines itself: its schedule needs every layer's signal "
+                     "and each rank's caches are its own layers'; give `resolved_budget` (from a one-process run) or "
+                     "use tensor parallelism")
 
 def check_config(config, # a `KVCacheConfig`
                  mode:str|None=None): # "tensor" / "pipeline" (default: what `load_sharded` set up)
     "Raise a ValueError if `config` cannot be run exactly on this process's split of the model."
     mode = mode or _STATE["mode"]
-    if mode == "pipeline" and config.method == "squeeze" and config.params.get("resolved_budget") is None:
+    if mode == "pipeline-mlx" and config.method == "squeeze" and config.params.get("resolved_budget") is None:
         raise ValueError(_PIPELINE_SQUEEZE)
     return config
 
 # %% ../nbs/14_distributed.ipynb #d1400029
+import mlx.nn as nn
+from mlx_lm.models.pipeline import PipelineMixin
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models import gemma3_text
+
+class _RemoteAttention(nn.Module):
+    "Stands for a layer's attention on another rank (no weights)."
+
+class _RemoteBlock(nn.Module):
+    "Stands for a transformer block on another rank: keeps the layer list's length, holds no weights."
+    def __init__(self):
+        super().__init__()
+        self.self_attn = _RemoteAttention()
+
+# %% ../nbs/14_distributed.ipynb #d1400030
+def _tie(cache, h):
+    "Make evaluating `cache`'s state run the send `h` (mlx-lm's prefill evaluates only the caches)."
+    if getattr(cache, "positions", None) is not None: cache.positions = mx.depends(cache.positions, h)
+    elif isinstance(getattr(cache, "keys", None), mx.array): cache.keys = mx.depends(cache.keys, h)
+
+def _rows(c)->list:
+    "The one-sequence caches in a layer's slot: a batch layer's rows, or the cache itself."
+    return [] if c is None else (getattr(c, "rows", None) or [c])
+
+def _gather_signals(cache:list, local:list, sent:mx.array):
+    "Once per prompt: complete SqueezeAttention schedules' signals from every rank (one `all_sum`), then resolve them."
+    held, todo, seen = [r for c in local for r in _rows(c)], [], set()
+    for r in (r for c in cache for r in _rows(c)):
+        co = getattr(r, "coordinator", None)
+        if co is None or not hasattr(co, "report") or co.resolved or id(co) in seen: continue
+        seen.add(id(co))
+        mine = {j for j, c in co.layers.items() if any(c is x for x in held)}
+        if mine <= set(co.reports): todo.append((co, mine))     # every local layer has measured this prompt
+    if not todo: return
+    mx.eval(sent)                           # the send finishes before the next collective
+    vec = [[co.reports[j] if j in mine else 0.0 for j in range(co.n_layers)] for co, mine in todo]
+    total = mx.distributed.all_sum(mx.array(vec, dtype=mx.float32), stream=mx.cpu).tolist()
+    for (co, mine), row in zip(todo, total):
+        for j in range(co.n_layers):
+            if j not in mine: co.reports[j] = row[j]
+        co.finalize()
+
+# %% ../nbs/14_distributed.ipynb #d1400031
+class PipelinedGemma3Model(PipelineMixin, gemma3_text.Gemma3Model):
+    "mlx-lm's Gemma 3 text model with `PipelineMixin`'s contract; the cache list stays one slot per layer."
+    def pipeline(self, group, split=None):
+        "Keep this rank's layers (mlx-lm's split: the last rank runs the first layers); placeholders elsewhere."
+        n = len(self.layers)
+        super().pipeline(group, split)
+        self.layers = [l if self.start_idx <= i < self.end_idx else _RemoteBlock()
+                       for i, l in enumerate(self.layers + [None] * (n - len(self.layers)))]
+
+    def __call__(self, inputs, cache=None, input_embeddings=None):
+        h = input_embeddings if input_embeddings is not None else self.embed_tokens(inputs)
+        h *= mx.array(self.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
+        lo, hi, p = self.start_idx, self.end_idx or len(self.layers), self.sliding_window_pattern
+        cache = cache if cache is not None else [None] * len(self.layers)
+        local, glob = cache[lo:hi], [i % p == p - 1 for i in range(lo, hi)]
+        gmask = create_attention_mask(h, next((c for c, g in zip(local, glob) if g), None))
+        smask = create_attention_mask(h, next((c for c, g in zip(local, glob) if not g), None),
+                                      window_size=self.window_size) if p > 1 else None
+        if self.pipeline_rank < self.pipeline_size - 1: h = mx.distributed.recv_like(h, self.pipeline_rank + 1)
+        for layer, c, g in zip(self.layers[lo:hi], local, glob): h = layer(h, gmask if g else smask, c)
+        if self.pipeline_rank != 0:
+            h = mx.distributed.send(h, (self.pipeline_rank - 1) % self.pipeline_size)
+            if local and local[-1] is not None: _tie(local[-1], h)
+        if self.pipeline_size > 1:
+            _gather_signals(cache, local, h)
+            h = mx.distributed.all_gather(h)[: h.shape[0]]
+            mx.eval(h)                           # one pass at a time: receives carry no order in the graph
+        return self.norm(h)
+
+# %% ../nbs/14_distributed.ipynb #d1400032
+def pipeline_gemma3(model, # a loaded mlx-lm `gemma3_text` model (lazy weights are best: only local ones load)
+                    group=None, # the group (default: this launch's)
+                    split:list|None=None): # layers per rank, rank 0 first (default: even, low ranks get the extra)
+    "Split a Gemma 3 text model by layers over `group` through mlx-lm's `PipelineMixin` contract; returns it."
+    if getattr(model, "model_type", None) != "gemma3_text":
+        raise ValueError(f"`model` must be an mlx-lm gemma3_text model, got {getattr(model, 'model_type', None)!r}")
+    inner = model.model
+    if not isinstance(inner, PipelinedGemma3Model):
+        inner.__class__ = PipelinedGemma3Model
+        inner.pipeline_rank, inner.pipeline_size, inner.start_idx, inner.end_idx = 0, 1, 0, None
+    inner.pipeline(group if group is not None else mx.distributed.init(), split)
+    return model
+
+# %% ../nbs/14_distributed.ipynb #d1400036
 def kv_bytes_by_rank(nbytes:int, # this rank's KV bytes
                      group=None)->list: # the group (default: this launch's)
     "Every rank's KV bytes in rank order (one `all_sum`); `[nbytes]` in a single process."
@@ -158,7 +268,7 @@ def rank_report_lines(res:dict)->list:
     return [f"KV bytes by rank ({len(res['kv_bytes_by_rank'])} ranks; the table above is rank {res['rank']}'s): "
             f"{per}; all ranks {res['kv_bytes_all_ranks']} vs full cache {res['full_kv_bytes_all_ranks']}"]
 
-# %% ../nbs/14_distributed.ipynb #d1400032
+# %% ../nbs/14_distributed.ipynb #d1400039
 def rank_output(out): # the stream rank 0 writes to
     "`out` on rank 0 (or in a single process), a null stream on the other ranks."
     return out if rank() == 0 else open(os.devnull, "w")
@@ -174,7 +284,7 @@ def serve_worker(model, tokenizer, # the split model and its tokenizer
     mlx_server.ResponseGenerator(provider, EvictingPromptCache(args.prompt_cache_size)).join()
     return 0
 
-# %% ../nbs/14_distributed.ipynb #d1400035
+# %% ../nbs/14_distributed.ipynb #d1400042
 def forced_logits(model, prompt:mx.array, # `[1, S]` prompt tokens
                   forced:mx.array, # `[1, T]` tokens fed one at a time after the prompt
                   caches, chunk:int|None=None)->mx.array: # prefill chunk (None: the whole prompt at once)
@@ -184,7 +294,7 @@ def forced_logits(model, prompt:mx.array, # `[1, S]` prompt tokens
     for t in range(forced.shape[1]): out.append(model(forced[:, t:t + 1], cache=caches)[:, -1])
     return mx.stack(out, 1)
 
-# %% ../nbs/14_distributed.ipynb #d1400037
+# %% ../nbs/14_distributed.ipynb #d1400044
 def check_configs(budget:int=48, # tokens per layer for the budgeted methods
                   kv_group_size:int=32)->dict: # quantization group (must divide the model's head_dim)
     "name -> `KVCacheConfig`: every registered method, kv_fraction, 4-bit storage, squeeze's two signals, chunking."
@@ -202,7 +312,7 @@ def check_configs(budget:int=48, # tokens per layer for the budgeted methods
                  "full@kv_bits=4,mlx": method_config("full", kv_scheme="mlx", **q4)})
     return cfgs
 
-# %% ../nbs/14_distributed.ipynb #d1400039
+# %% ../nbs/14_distributed.ipynb #d1400046
 def sharding_checks(model, configs:dict, # name -> `KVCacheConfig`
                     prompt_len:int=200, # prompt tokens (random, seed 0)
                     n_forced:int=30, # teacher-forced decode steps
@@ -223,7 +333,7 @@ def sharding_checks(model, configs:dict, # name -> `KVCacheConfig`
                          kv_bytes_by_rank=kv_bytes_by_rank(kv))
     return out
 
-# %% ../nbs/14_distributed.ipynb #d1400041
+# %% ../nbs/14_distributed.ipynb #d1400048
 def verify_sharding(path, # an mlx-lm model directory
                     out_json=None, # where rank 0 writes the checks (None: not written)
                     mode:str="auto", # the split: "auto", "tensor" or "pipeline"
@@ -237,7 +347,7 @@ def verify_sharding(path, # an mlx-lm model directory
     if out_json is not None and rank() == 0: Path(out_json).write_text(json.dumps(res))
     return res
 
-# %% ../nbs/14_distributed.ipynb #d1400043
+# %% ../nbs/14_distributed.ipynb #d1400050
 def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's attention shape
                       n_params:float, # parameters (weights)
                       n_machines:int=4, machine_gib:float=64, # the cluster
@@ -248,12 +358,13 @@ def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's 
     "Tokens of context whose KV cache fits beside the weights on the cluster, when `kv_share` of the cache is kept."
     if not 0 < kv_share <= 1: raise ValueError(f"`kv_share` must be in (0, 1], got {kv_share!r}")
     if not 0 < usable <= 1: raise ValueError(f"`usable` must be in (0, 1], got {usable!r}")
+    if n_machines < 1: raise ValueError(f"`n_machines` must be at least 1, got {n_machines!r}")
     free = n_machines * machine_gib * 2**30 * usable - n_params * weight_bytes
     if free <= 0: return 0
     per_token = 2 * n_layers * n_kv_heads * head_dim * kv_bytes * kv_share
     return int(free // per_token)
 
-# %% ../nbs/14_distributed.ipynb #d1400048
+# %% ../nbs/14_distributed.ipynb #d1400056
 BENCH_SHAPES = {"quick": dict(n_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=8,
                               num_key_value_heads=4, head_dim=32),
                 "full": dict(n_layers=8, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
@@ -266,7 +377,7 @@ def bench_configs(kv_group_size:int=32)->dict: # quantization group (divides hea
             "h2o@kv_fraction=0.25,kv_bits=4": method_config("h2o", kv_fraction=0.25, kv_bits=4,
                                                               kv_group_size=kv_group_size)}
 
-# %% ../nbs/14_distributed.ipynb #d1400050
+# %% ../nbs/14_distributed.ipynb #d1400058
 def bench_ranks(path, # an mlx-lm model directory (split over this launch's ranks, whole in one process)
                 prompt_len:int=512, # prompt tokens (random)
                 max_tokens:int=32, # generated tokens
@@ -288,39 +399,7 @@ def bench_ranks(path, # an mlx-lm model directory (split over this launch's rank
                          peak_memory_rank0=r["peak_memory"], wall_s=r["wall_s"]))
     return rows
 
-# %% ../nbs/14_distributed.ipynb #d1400052
-def bench_main(argv:list|None=None): # arguments (default: sys.argv[1:])
-    "`scripts/bench_distributed.py`: one process vs two ranks of 127.0.0.1 on a random Llama-shaped model; JSON out."
-    import argparse, platform, shutil, subprocess, tempfile, time
-    ap = argparse.ArgumentParser(description=bench_main.__doc__)
-    ap.add_argument("--quick", action="store_true", help="a small model, a short prompt")
-    ap.add_argument("--out", default=None, help="JSON path (default nbs/results/distributed[_quick].json)")
-    ap.add_argument("--port", type=int, default=29650, help="the ring backend's first port")
-    a = ap.parse_args(argv)
-    shape, n = ("quick", (512, 32)) if a.quick else ("full", (2048, 64))
-    out = Path(a.out or f"nbs/results/distributed{'_quick' if a.quick else ''}.json")
-    launch = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
-    runs = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = tiny_model_dir(Path(tmp) / "model", "llama", seed=0, **BENCH_SHAPES[shape])
-        child = (f"import json, sys; from veloxquant_mlx.distributed import bench_ranks, rank; "
-                 f"r = bench_ranks(sys.argv[1], {n[0]}, {n[1]}); "
-                 f"rank() == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
-        for ranks in (1, 2):
-            res = Path(tmp) / f"r{ranks}.json"
-            pre = [] if ranks == 1 else [launch, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1",
-                                          "--starting-port", str(a.port), "--"]
-            subprocess.run([*pre, sys.executable, "-c", child, str(path), str(res)], check=True, timeout=3600)
-            runs[ranks] = json.loads(res.read_text())
-    doc = dict(command=" ".join(["python scripts/bench_distributed.py", *(argv if argv is not None else sys.argv[1:])]),
-               machine=dict(cpus=os.cpu_count(), platform=platform.platform(), backend="ring over 127.0.0.1"),
-               model=dict(arch="llama (random weights)", **BENCH_SHAPES[shape]), prompt_tokens=n[0],
-               generated_tokens=n[1], rows=runs[1] + runs[2], when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    print(bench_table(doc))
-    return doc
-
+# %% ../nbs/14_distributed.ipynb #d1400060
 def bench_table(doc:dict)->str:
     "The benchmark's rows as a Markdown table."
     out = ["| config | ranks | KV bytes per rank | KV bytes, all ranks | prefill tok/s | decode tok/s |",
@@ -330,3 +409,43 @@ def bench_table(doc:dict)->str:
         out.append(f"| {r['config']} | {r['ranks']} | {', '.join(map(str, r['kv_bytes_by_rank']))} | {r['kv_bytes']} "
                    f"| {r['prefill_tps']:.1f} | {dec} |")
     return "\n".join(out)
+
+# %% ../nbs/14_distributed.ipynb #d1400062
+def run_bench(path, # the model directory
+              ranks:int, # 1: a plain process; 2: `mlx.launch` of two ranks on 127.0.0.1 (ring backend)
+              port:int, # the ring backend's first port
+              prompt_len:int, max_tokens:int, # `bench_ranks` arguments
+              out_json)->list: # where rank 0 writes its rows
+    "`bench_ranks` in a fresh process (1 rank) or launch (2 ranks); rank 0's rows."
+    import shutil, subprocess
+    launch = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
+    child = (f"import json, sys; from veloxquant_mlx.distributed import bench_ranks, rank; "
+             f"r = bench_ranks(sys.argv[1], {prompt_len}, {max_tokens}); "
+             f"rank() == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
+    pre = [] if ranks == 1 else [launch, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1", "--starting-port",
+                                 str(port), "--"]
+    subprocess.run([*pre, sys.executable, "-c", child, str(path), str(out_json)], check=True, timeout=3600)
+    return json.loads(Path(out_json).read_text())
+
+# %% ../nbs/14_distributed.ipynb #d1400063
+def bench_main(argv:list|None=None): # arguments (default: sys.argv[1:])
+    "`scripts/bench_distributed.py`: one process vs two ranks of 127.0.0.1 on a random Llama-shaped model; JSON out."
+    import argparse, platform, tempfile, time
+    ap = argparse.ArgumentParser(description=bench_main.__doc__)
+    ap.add_argument("--quick", action="store_true", help="a small model, a short prompt")
+    ap.add_argument("--out", default=None, help="JSON path (default nbs/results/distributed[_quick].json)")
+    ap.add_argument("--port", type=int, default=29650, help="the ring backend's first port")
+    a = ap.parse_args(argv)
+    shape, (n, m) = ("quick", (512, 32)) if a.quick else ("full", (2048, 64))
+    out = Path(a.out or f"nbs/results/distributed{'_quick' if a.quick else ''}.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_model_dir(Path(tmp) / "model", "llama", seed=0, **BENCH_SHAPES[shape])
+        rows = [r for k in (1, 2) for r in run_bench(path, k, a.port, n, m, Path(tmp) / f"r{k}.json")]
+    doc = dict(command=" ".join(["python scripts/bench_distributed.py", *(argv if argv is not None else sys.argv[1:])]),
+               machine=dict(cpus=os.cpu_count(), platform=platform.platform(), backend="ring over 127.0.0.1"),
+               model=dict(arch="llama (random weights)", **BENCH_SHAPES[shape]), prompt_tokens=n, generated_tokens=m,
+               rows=rows, when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    print(bench_table(doc))
+    return doc
