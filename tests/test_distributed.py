@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import mlx.core as mx
-from veloxquant_mlx.distributed import tiny_model_dir, verify_sharding
+from veloxquant_mlx.eval.sharding import tiny_model_dir, verify_sharding
 
 LAUNCH = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
 
@@ -85,7 +85,7 @@ UNREDUCED = (                               # the same run without the reduction
     "if d._STATE['mode'] == 'tensor': d.use_group(None)\n"
     "else: d._gather_signals = lambda *a: None\n"
     "name = 'squeeze@key_dispersion'\n"
-    "plain = d.sharding_checks(model, {name: d.check_configs()[name]})\n"
+    "plain = s.sharding_checks(model, {name: s.check_configs()[name]})\n"
     "if d.rank() == 0: json.dump(plain, open(sys.argv[3], 'w'))\n")
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -93,8 +93,8 @@ def test_every_method_matches_one_process(arch, model_dir, gemma_dir, tmp_path):
     "Llama: tensor parallel (one KV head per rank); Gemma 3: pipeline (three layers per rank, `pipeline_gemma3`)."
     path = model_dir if arch == "llama" else gemma_dir
     script = tmp_path / "ranks.py"
-    script.write_text("import sys, json\nimport veloxquant_mlx.distributed as d\n"
-                      "res = d.verify_sharding(sys.argv[1], sys.argv[2])\n" + UNREDUCED)
+    script.write_text("import sys, json\nimport veloxquant_mlx.distributed as d, veloxquant_mlx.eval.sharding as s\n"
+                      "res = s.verify_sharding(sys.argv[1], sys.argv[2])\n" + UNREDUCED)
     two, plain = tmp_path / "two.json", tmp_path / "plain.json"
     run_two_ranks(str(script), str(path), str(two), str(plain))
     got = json.loads(two.read_text())

@@ -13,11 +13,9 @@ from mlx.utils import tree_flatten
 from .coordinator import SqueezeCoordinator
 
 # %% auto #0
-__all__ = ['SPLITS', 'MODES', 'BENCH_SHAPES', 'world', 'rank', 'save_model_dir', 'tiny_model_dir', 'mean_over_ranks', 'use_group',
-           'load_sharded', 'load_sharded_cli', 'check_config', 'PipelinedGemma3Model', 'pipeline_gemma3',
-           'kv_bytes_by_rank', 'with_rank_bytes', 'rank_report_lines', 'rank_output', 'serve_worker', 'forced_logits',
-           'check_configs', 'sharding_checks', 'verify_sharding', 'context_that_fits', 'bench_configs', 'bench_ranks',
-           'bench_table', 'run_bench', 'bench_main']
+__all__ = ['SPLITS', 'MODES', 'world', 'rank', 'mean_over_ranks', 'use_group', 'load_sharded', 'load_sharded_cli', 'check_config',
+           'PipelinedGemma3Model', 'pipeline_gemma3', 'kv_bytes_by_rank', 'with_rank_bytes', 'rank_report_lines',
+           'rank_output', 'context_that_fits']
 
 # %% ../nbs/14_distributed.ipynb #d1400009
 _STATE = {"group": None, "mode": None}   # set by `use_group` (load_sharded): the group the model is split over
@@ -32,34 +30,6 @@ def rank()->int:
     "This process's rank (0 in a single process)."
     g = world()
     return 0 if g is None else g.rank()
-
-# %% ../nbs/14_distributed.ipynb #d1400012
-def save_model_dir(model, # an mlx-lm model (its `args` dataclass becomes config.json)
-                   path, # the directory to write (created)
-                   tokenizer=None)->Path: # a Hugging Face tokenizer or mlx-lm `TokenizerWrapper` (saved beside)
-    "Write `model` as an mlx-lm model directory: config.json, model.safetensors and its index, the tokenizer."
-    if not dataclasses.is_dataclass(getattr(model, "args", None)):
-        raise ValueError(f"`model` must be an mlx-lm model (its `args` dataclass becomes config.json), got "
-                         f"{type(model).__name__}")
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    cfg = {k: v for k, v in dataclasses.asdict(model.args).items() if v is not None}
-    (path / "config.json").write_text(json.dumps(cfg, indent=1))
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
-    index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in weights}}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-    if tokenizer is not None: getattr(tokenizer, "_tokenizer", tokenizer).save_pretrained(str(path))
-    return path
-
-def tiny_model_dir(path, # the directory to write
-                   arch:str="llama", # "llama", "qwen3" or "gemma3"
-                   seed:int=1, # weights seed
-                   **overrides)->Path: # other `tiny_model` arguments (e.g. head_dim=32 for 4-bit groups of 32)
-    "A random tiny model (`builder.tiny_model`) with a byte-level tokenizer, as an mlx-lm model directory."
-    from veloxquant_mlx.builder import tiny_model
-    from veloxquant_mlx.serve import tiny_tokenizer
-    return save_model_dir(tiny_model(arch, seed=seed, **overrides), path, tiny_tokenizer())
 
 # %% ../nbs/14_distributed.ipynb #d1400015
 def _settle():
@@ -273,79 +243,6 @@ def rank_output(out): # the stream rank 0 writes to
     "`out` on rank 0 (or in a single process), a null stream on the other ranks."
     return out if rank() == 0 else open(os.devnull, "w")
 
-def serve_worker(model, tokenizer, # the split model and its tokenizer
-                 config, # the `KVCacheConfig` every request gets
-                 argv:list|tuple=())->int: # mlx_lm.server options (as rank 0 got them)
-    "A non-zero rank of `veloxquant serve`: runs the requests rank 0 shares, with no HTTP server, until killed."
-    import mlx_lm.server as mlx_server
-    from veloxquant_mlx.serve import server_args, EvictingModelProvider, EvictingPromptCache
-    args = server_args(argv)
-    provider = EvictingModelProvider(args, model, tokenizer, config)
-    mlx_server.ResponseGenerator(provider, EvictingPromptCache(args.prompt_cache_size)).join()
-    return 0
-
-# %% ../nbs/14_distributed.ipynb #d1400042
-def forced_logits(model, prompt:mx.array, # `[1, S]` prompt tokens
-                  forced:mx.array, # `[1, T]` tokens fed one at a time after the prompt
-                  caches, chunk:int|None=None)->mx.array: # prefill chunk (None: the whole prompt at once)
-    "Teacher-forced last-position logits `[1, T + 1, V]`: after the prompt, then after each forced token."
-    from veloxquant_mlx.builder import prompt_logits
-    out = [prompt_logits(model, prompt, caches, chunk)[:, -1]]
-    for t in range(forced.shape[1]): out.append(model(forced[:, t:t + 1], cache=caches)[:, -1])
-    return mx.stack(out, 1)
-
-# %% ../nbs/14_distributed.ipynb #d1400044
-def check_configs(budget:int=48, # tokens per layer for the budgeted methods
-                  kv_group_size:int=32)->dict: # quantization group (must divide the model's head_dim)
-    "name -> `KVCacheConfig`: every registered method, kv_fraction, 4-bit storage, squeeze's two signals, chunking."
-    from veloxquant_mlx.cli import method_config
-    from veloxquant_mlx.methods import METHODS
-    cfgs = {m: method_config(m, budget if METHODS[m].budgeted else None) for m in METHODS}
-    q4 = dict(kv_bits=4, kv_group_size=kv_group_size)
-    cfgs.update({"snapkv@kv_fraction=0.25": method_config("snapkv", kv_fraction=0.25),
-                 "h2o@kv_fraction=0.25": method_config("h2o", kv_fraction=0.25),
-                 "squeeze@key_dispersion": method_config("squeeze", budget, params={"signal": "key_dispersion"}),
-                 "h2o@compress=chunk": method_config("h2o", budget, compress="chunk"),
-                 "h2o@kv_bits=4": method_config("h2o", budget, **q4),
-                 "snapkv@kv_fraction=0.25,kv_bits=4": method_config("snapkv", kv_fraction=0.25, **q4),
-                 "full@kv_bits=4": method_config("full", **q4),
-                 "full@kv_bits=4,mlx": method_config("full", kv_scheme="mlx", **q4)})
-    return cfgs
-
-# %% ../nbs/14_distributed.ipynb #d1400046
-def sharding_checks(model, configs:dict, # name -> `KVCacheConfig`
-                    prompt_len:int=200, # prompt tokens (random, seed 0)
-                    n_forced:int=30, # teacher-forced decode steps
-                    n_greedy:int=12, # greedy tokens
-                    chunk:int=64)->dict: # prefill chunk
-    "name -> teacher-forced logits, their argmax, greedy tokens and every rank's KV bytes (collective: all ranks call)."
-    from veloxquant_mlx.builder import KVCacheBuilder, greedy
-    from veloxquant_mlx.cli import layer_report
-    prompt = mx.random.randint(0, model.args.vocab_size, (1, prompt_len), key=mx.random.key(0))
-    forced = mx.random.randint(0, model.args.vocab_size, (1, n_forced), key=mx.random.key(1))
-    out = {}
-    for name, cfg in configs.items():
-        caches = KVCacheBuilder.for_model(model, check_config(cfg))
-        logits = forced_logits(model, prompt, forced, caches, chunk)[0]
-        kv = sum(l["nbytes"] for l in layer_report(caches, model))
-        toks = greedy(model, prompt, KVCacheBuilder.for_model(model, cfg), n_greedy, chunk)[0][0]
-        out[name] = dict(logits=logits.tolist(), forced_argmax=mx.argmax(logits, -1).tolist(), greedy=toks.tolist(),
-                         kv_bytes_by_rank=kv_bytes_by_rank(kv))
-    return out
-
-# %% ../nbs/14_distributed.ipynb #d1400048
-def verify_sharding(path, # an mlx-lm model directory
-                    out_json=None, # where rank 0 writes the checks (None: not written)
-                    mode:str="auto", # the split: "auto", "tensor" or "pipeline"
-                    **kw)->dict: # `sharding_checks` arguments
-    "Run `sharding_checks` on `path` split over this launch (or whole, in one process); rank 0 writes JSON."
-    from mlx_lm import load
-    model, _ = load_sharded(path, mode) if world() is not None else load(str(path))
-    res = sharding_checks(model, check_configs(), **kw)
-    g = world()
-    res["_meta"] = dict(ranks=1 if g is None else g.size(), mode=_STATE["mode"] if g is not None else None)
-    if out_json is not None and rank() == 0: Path(out_json).write_text(json.dumps(res))
-    return res
 
 # %% ../nbs/14_distributed.ipynb #d1400050
 def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's attention shape
@@ -363,89 +260,3 @@ def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's 
     if free <= 0: return 0
     per_token = 2 * n_layers * n_kv_heads * head_dim * kv_bytes * kv_share
     return int(free // per_token)
-
-# %% ../nbs/14_distributed.ipynb #d1400056
-BENCH_SHAPES = {"quick": dict(n_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=8,
-                              num_key_value_heads=4, head_dim=32),
-                "full": dict(n_layers=8, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
-                             num_key_value_heads=8, head_dim=64)}
-
-def bench_configs(kv_group_size:int=32)->dict: # quantization group (divides head_dim)
-    "The benchmark's configurations: the full cache, SnapKV at 25 %, H2O at 25 % with 4-bit KIVI storage."
-    from veloxquant_mlx.cli import method_config
-    return {"full": method_config("full"), "snapkv@kv_fraction=0.25": method_config("snapkv", kv_fraction=0.25),
-            "h2o@kv_fraction=0.25,kv_bits=4": method_config("h2o", kv_fraction=0.25, kv_bits=4,
-                                                              kv_group_size=kv_group_size)}
-
-# %% ../nbs/14_distributed.ipynb #d1400058
-def bench_ranks(path, # an mlx-lm model directory (split over this launch's ranks, whole in one process)
-                prompt_len:int=512, # prompt tokens (random)
-                max_tokens:int=32, # generated tokens
-                prefill_step:int=256)->list: # prefill chunk
-    "Per `bench_configs` entry: prefill and decode tok/s and every rank's KV bytes (collective: all ranks call)."
-    from mlx_lm import load
-    from veloxquant_mlx.cli import RunOptions, run_method
-    model, tok = load_sharded(path) if world() is not None else load(str(path))
-    ids = mx.random.randint(0, model.args.vocab_size, (prompt_len,), key=mx.random.key(0)).tolist()
-    cfgs = bench_configs(min(64, model.args.head_dim))
-    run_method(model, tok, ids[:64], RunOptions(cfgs["full"], 4, prefill_step))               # warm-up
-    rows = []
-    for name, cfg in cfgs.items():
-        r = with_rank_bytes(run_method(model, tok, ids, RunOptions(cfg, max_tokens, prefill_step)))
-        by_rank = r.get("kv_bytes_by_rank", [r["kv_bytes"]])
-        rows.append(dict(config=name, ranks=len(by_rank), prefill_tps=r["prefill_tps"], decode_tps=r["decode_tps"],
-                         kv_bytes_by_rank=by_rank, kv_bytes=sum(by_rank),
-                         full_kv_bytes=r.get("full_kv_bytes_all_ranks", r["full_kv_bytes"]),
-                         peak_memory_rank0=r["peak_memory"], wall_s=r["wall_s"]))
-    return rows
-
-# %% ../nbs/14_distributed.ipynb #d1400060
-def bench_table(doc:dict)->str:
-    "The benchmark's rows as a Markdown table."
-    out = ["| config | ranks | KV bytes per rank | KV bytes, all ranks | prefill tok/s | decode tok/s |",
-           "|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
-        dec = "n/a" if r["decode_tps"] is None else f"{r['decode_tps']:.1f}"
-        out.append(f"| {r['config']} | {r['ranks']} | {', '.join(map(str, r['kv_bytes_by_rank']))} | {r['kv_bytes']} "
-                   f"| {r['prefill_tps']:.1f} | {dec} |")
-    return "\n".join(out)
-
-# %% ../nbs/14_distributed.ipynb #d1400062
-def run_bench(path, # the model directory
-              ranks:int, # 1: a plain process; 2: `mlx.launch` of two ranks on 127.0.0.1 (ring backend)
-              port:int, # the ring backend's first port
-              prompt_len:int, max_tokens:int, # `bench_ranks` arguments
-              out_json)->list: # where rank 0 writes its rows
-    "`bench_ranks` in a fresh process (1 rank) or launch (2 ranks); rank 0's rows."
-    import shutil, subprocess
-    launch = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
-    child = (f"import json, sys; from veloxquant_mlx.distributed import bench_ranks, rank; "
-             f"r = bench_ranks(sys.argv[1], {prompt_len}, {max_tokens}); "
-             f"rank() == 0 and open(sys.argv[2], 'w').write(json.dumps(r))")
-    pre = [] if ranks == 1 else [launch, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1", "--starting-port",
-                                 str(port), "--"]
-    subprocess.run([*pre, sys.executable, "-c", child, str(path), str(out_json)], check=True, timeout=3600)
-    return json.loads(Path(out_json).read_text())
-
-# %% ../nbs/14_distributed.ipynb #d1400063
-def bench_main(argv:list|None=None): # arguments (default: sys.argv[1:])
-    "`scripts/bench_distributed.py`: one process vs two ranks of 127.0.0.1 on a random Llama-shaped model; JSON out."
-    import argparse, platform, tempfile, time
-    ap = argparse.ArgumentParser(description=bench_main.__doc__)
-    ap.add_argument("--quick", action="store_true", help="a small model, a short prompt")
-    ap.add_argument("--out", default=None, help="JSON path (default nbs/results/distributed[_quick].json)")
-    ap.add_argument("--port", type=int, default=29650, help="the ring backend's first port")
-    a = ap.parse_args(argv)
-    shape, (n, m) = ("quick", (512, 32)) if a.quick else ("full", (2048, 64))
-    out = Path(a.out or f"nbs/results/distributed{'_quick' if a.quick else ''}.json")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = tiny_model_dir(Path(tmp) / "model", "llama", seed=0, **BENCH_SHAPES[shape])
-        rows = [r for k in (1, 2) for r in run_bench(path, k, a.port, n, m, Path(tmp) / f"r{k}.json")]
-    doc = dict(command=" ".join(["python scripts/bench_distributed.py", *(argv if argv is not None else sys.argv[1:])]),
-               machine=dict(cpus=os.cpu_count(), platform=platform.platform(), backend="ring over 127.0.0.1"),
-               model=dict(arch="llama (random weights)", **BENCH_SHAPES[shape]), prompt_tokens=n, generated_tokens=m,
-               rows=rows, when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    print(bench_table(doc))
-    return doc

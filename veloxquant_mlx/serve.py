@@ -20,7 +20,7 @@ __all__ = ['ROLES', 'REQUEST_FIELDS', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_
            'EvictingPromptCache', 'server_args', 'RequestError', 'check_messages', 'Limits', 'check_body',
            'check_prompt', 'parse_allowed', 'request_choices', 'request_config', 'ClientGone', 'client_gone',
            'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs', 'table_markdown',
-           'time_to_first_token', 'first_token_delays', 'add_serve_parser', 'serve_from_args']
+           'time_to_first_token', 'first_token_delays', 'add_serve_parser', 'serve_worker', 'serve_from_args']
 
 # %% ../nbs/07a_serve.ipynb #a7a00006
 def bytes_to_unicode()->dict:
@@ -549,6 +549,17 @@ def add_serve_parser(sub):
     s.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: more mlx_lm.server options")
     return s
 
+# %% ../nbs/07a_serve.ipynb #1c46c18a
+def serve_worker(model, tokenizer, # the split model and its tokenizer
+                 config, # the `KVCacheConfig` every request gets
+                 argv:list|tuple=())->int: # mlx_lm.server options (as rank 0 got them)
+    "A non-zero rank of `veloxquant serve`: runs the requests rank 0 shares, with no HTTP server, until killed."
+    import mlx_lm.server as mlx_server
+    args = server_args(argv)
+    provider = EvictingModelProvider(args, model, tokenizer, config)
+    mlx_server.ResponseGenerator(provider, EvictingPromptCache(args.prompt_cache_size)).join()
+    return 0
+
 # %% ../nbs/07a_serve.ipynb #a7a00050
 def _interrupt(signum, frame):
     "SIGTERM ends the server as Ctrl-C does."
@@ -566,7 +577,7 @@ def serve_from_args(args, err=None)->int:
     model, tok = load_cli_model(args.model)
     if args.model and args.model.startswith("tiny:"): tok = tiny_tokenizer()
     rest = [a for a in args.server_args if a != "--"]
-    from veloxquant_mlx.distributed import rank, serve_worker   # under mlx.launch rank 0 serves
+    from veloxquant_mlx.distributed import rank                 # under mlx.launch rank 0 serves
     if rank() != 0: return serve_worker(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest])
     srv = EvictingServer(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest],
                          args.model or DEFAULT_MODEL_NAME, args.max_prompt_tokens, args.max_tokens_limit, choices)
