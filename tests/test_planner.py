@@ -82,3 +82,14 @@ def test_schedules_over_a_share_of_bytes(schedule):
     assert sum(co.budgets) == int(0.3 * sum(full)) and all(0 < b <= f for b, f in zip(co.budgets, full))
     assert co.budgets != [round(0.3 * f) for f in full]                         # not the even share
     assert all(c.count <= b for c, b in zip(caches, co.budgets))
+
+def test_ending_the_prompt_explicitly_packs_what_is_kept():
+    "A plan that keeps every token still packs it when the prompt is ended by `end_prompt` (the quality harness's way)."
+    model = gemma()
+    caches = KVCacheBuilder.for_model(model, auto(0.6))
+    prompt_logits(model, mx.random.randint(0, 256, (1, 300), key=mx.random.key(5)), caches, chunk=128)
+    for c in caches: c.end_prompt()
+    co = coordinator_of(caches)
+    assert co.budgets == [c.count for c in caches]                             # everything kept...
+    assert all(c.store.packed_slots() >= 64 for c in caches)                     # ... and packed
+    assert kv_bytes_bf16(caches) / full_bytes_bf16(model, 300) <= 0.6

@@ -321,6 +321,7 @@ def end_prompt(self:EvictingCache):
         self.scores = self.policy.on_window(self.scores[:, :, :self.count], lambda: obs)
     elif self.policy.obs_window: raise RuntimeError("end_prompt(): no queries seen yet (the attention hook is needed)")
     if self._select_due(): self._select(self.offset)
+    else: self._settle()                                   # nothing to cut: the storage still packs what it holds
 
 # %% ../nbs/03_cache.ipynb #41434c1f
 @patch
