@@ -27,7 +27,8 @@ __all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'SCHEDULES', 'DEFAULT_FRACTION', '
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
 _SHARED = ("n_recent", "compress", "slack", "kv_fraction", "window_budget", "window_method", "head_dim", "kv_bits",
-           "kv_group_size", "kv_scheme", "window_kv_bits", "schedule")  # for_method keywords that are fields, not method parameters
+           "kv_group_size", "kv_scheme", "window_kv_bits",
+           "schedule")  # for_method keywords that are fields, not method parameters
 
 def _bits(v:str): return v if v == "auto" else int(v)
 SCHEDULES = ("uniform", "pyramid", "squeeze")  # what `schedule` may name: any of them over any policy
@@ -86,7 +87,8 @@ class KVCacheConfig:
         if wm is not None and wm not in ok:
             raise ValueError(f"`window_method` must be one of {ok}, got {wm!r}")
         if self.schedule not in (None, *SCHEDULES):
-            raise ValueError(f"`schedule` must be one of {SCHEDULES} (or None: the method's own), got {self.schedule!r}")
+            raise ValueError(f"`schedule` must be one of {SCHEDULES} (or None: the method's own), "
+                             f"got {self.schedule!r}")
         uniform = self.entry.baseline or self.schedule_name == "uniform"
         if self.window_budget is not None and not uniform:
             raise ValueError(f"`window_budget` fixes the windowed layers' budgets: it needs the uniform schedule, "
@@ -170,7 +172,8 @@ class KVCacheConfig:
         "The schedule object: `schedule` over this budget or share, `kv_fraction`'s split (None for a baseline)."
         if self.entry.baseline: return None
         name, p = self.schedule_name, self.params
-        if self.kv_bits == "auto": return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
+        if self.kv_bits == "auto":
+            return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
         if self.kv_fraction is not None and name in ("pyramid", "squeeze"):
             return WeightedFraction(self.kv_fraction, name, p.get("beta", 2.0), p.get("strength", 1.0))
         if self.schedule == "pyramid": return Pyramid(p.get("beta", 2.0))

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'METHODS', 'DEFAULT_BUDGET', 'CONFIG_FIELDS', 'CLIError', 'ByteTokenizer', 'load_cli_model',
            'context_length', 'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'RunOptions',
-           'method_config', 'encode_prompt', 'run_method', 'format_report', 'format_compare', 'method_params',
-           'add_method_option', 'add_config_options', 'build_parser', 'read_prompt', 'configs_from_args',
-           'options_from_args', 'main']
+           'method_config', 'encode_prompt', 'run_method', 'plan_line', 'format_report', 'format_compare',
+           'method_params', 'add_method_option', 'add_config_options', 'build_parser', 'read_prompt',
+           'configs_from_args', 'options_from_args', 'main']
 
 # %% ../nbs/07_cli.ipynb #f49069b6
 class CLIError(Exception):
@@ -175,7 +175,8 @@ def method_config(method:str, # a registered method, or "auto": the library's re
                                         **shared, **(params or {}))
     except ValueError as e:
         msg = str(e)
-        for f in ("kv_bits", "kv_group_size", "kv_scheme"): msg = msg.replace(f"`{f}`", "--" + f.replace("_", "-"))
+        for f in ("window_kv_bits", "kv_bits", "kv_group_size", "kv_scheme", "kv_fraction", "schedule"):
+            msg = msg.replace(f"`{f}`", "--" + f.replace("_", "-"))
         raise CLIError(msg) from None
 
 # %% ../nbs/07_cli.ipynb #6142b57e
@@ -227,7 +228,18 @@ def run_method(model, tokenizer, ids:list, o:RunOptions, on_text=None)->dict:
                 ratio_bf16=kv16 / full16 if full16 else None, prefill_tps=last.prompt_tps,
                 decode_tps=last.generation_tps if last.generation_tokens > 1 else None,  # one token is no rate
                 peak_memory=mx.get_peak_memory(), wall_s=wall,
-                squeeze_budgets=co.budgets if co is not None and co.resolved else None)
+                squeeze_budgets=co.budgets if co is not None and co.resolved else None, plan=plan_line(co, cfg))
+
+def plan_line(co, cfg)->str|None:
+    "What a byte share bought: the planned share of the full cache's bf16 bytes, and why it is less when it is."
+    if co is None or not co.resolved or not hasattr(co, "planned_share"): return None
+    s, f = co.planned_share, cfg.kv_fraction
+    from veloxquant_mlx.coordinator import full_slots
+    kept_all = co.budgets == full_slots(co.n_tokens, co.windows)
+    why = "" if f - s < 0.01 else (": every token is kept at these widths, the rest of the share is not needed"
+                                   if kept_all else ": whole groups and the layers' floors round it down")
+    bits = f", widths {sorted(set(co.bits), reverse=True)} bits" if getattr(co, "bits", None) else ""
+    return f"planned: at most {s:.3f} of the full cache's bf16 bytes (asked {f}){bits}{why}"
 
 # %% ../nbs/07_cli.ipynb #fcc00379
 def _mib(n): return f"{n / 2**20:.2f} MiB"
@@ -236,15 +248,16 @@ def _tps(x): return "n/a (fewer than 2 tokens generated)" if x is None else f"{x
 def format_report(res:dict)->str:
     "The human-readable report of one `run_method` result."
     budget = f", budget {res['budget']} (avg tokens/layer), n_sink {res['n_sink']}" if res["budget"] else ""
-    head = (f"{'layer':>5} {'kind':<22} {'window':>6} {'budget':>6} {'kept':>6} {'offset':>6} {'conc':>6} {'hcos':>6} "
-            f"{'KV bytes':>10} {'kept x per-token':>16}")
+    head = (f"{'layer':>5} {'kind':<22} {'window':>6} {'bits':>4} {'budget':>6} {'kept':>6} {'offset':>6} {'conc':>6} "
+            f"{'hcos':>6} {'KV bytes':>10} {'kept x per-token':>16}")
     out = [f"method {res.get('label', res['method'])}{budget}; prompt {res['prompt_tokens']} tokens, "
            f"generated {res['generated_tokens']}", head]
     for l in res["layers"]:
         conc = "" if l["concentration"] is None else f"{l['concentration']:.3f}"
         hcos = "" if l.get("hidden_cosine") is None else f"{l['hidden_cosine']:.3f}"
         exact = {True: "= exact", False: "MISMATCH", None: "(not full)"}[l["exact"]]
-        out.append(f"{l['layer']:>5} {l['kind']:<22} {l['window'] or '-':>6} {l['budget'] or '-':>6} "
+        out.append(f"{l['layer']:>5} {l['kind']:<22} {l['window'] or '-':>6} {l.get('bits') or '-':>4} "
+                   f"{l['budget'] or '-':>6} "
                    f"{l['tokens_kept']:>6} {l['offset']:>6} {conc:>6} {hcos:>6} {l['nbytes']:>10} "
                    f"{l['logical_nbytes']:>8} {exact}")
     out += [f"KV bytes kept: {res['kv_bytes']} ({_mib(res['kv_bytes'])}; tokens held x per-token: "
@@ -257,6 +270,7 @@ def format_report(res:dict)->str:
             "paper's signal)",
             f"prefill {res['prefill_tps']:.1f} tok/s, decode {_tps(res['decode_tps'])}, "
             f"peak memory {_mib(res['peak_memory'])}, wall {res['wall_s']:.1f} s"]
+    if res.get("plan"): out.insert(-1, res["plan"])
     from veloxquant_mlx.distributed import rank_report_lines   # every rank's KV bytes under mlx.launch (14)
     return "\n".join(out + rank_report_lines(res))
 
@@ -291,7 +305,14 @@ def _param_help(p)->str:
     return f"{p.help} (default {p.default}; {', '.join(users)})"
 
 CONFIG_FIELDS = ("compress", "slack", "kv_fraction", "window_budget", "window_method", "kv_bits", "kv_group_size",
-                 "kv_scheme")  # `KVCacheConfig` fields with an option of their own (method, budget, n_sink, recent too)
+                 "kv_scheme", "window_kv_bits",
+                 "schedule")  # `KVCacheConfig` fields with an option of their own (method, budget, n_sink, recent too)
+
+def _kv_bits(v:str):
+    "`--kv-bits`: an integer, or 'auto'."
+    if v == "auto": return v
+    try: return int(v)
+    except ValueError: raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {v!r}") from None
 
 def add_method_option(p):
     "`--method`: a registered method, or `auto` (the default: the library's recommended configuration)."
@@ -305,8 +326,8 @@ def add_config_options(p):
     p.add_argument("--n-sink", type=int, default=4, help="never-evicted prefix tokens")
     p.add_argument("--recent", type=int, default=0, help="newest tokens never evicted (H2O's local window)")
     p.add_argument("--kv-fraction", type=float, default=None,
-                   help="keep this share of the full cache's token slots, set when the prompt's length is known "
-                        "(instead of --budget); with --kv-bits each kept token costs fewer bytes on top")
+                   help="keep this share of the full cache's bytes (at bf16), set when the prompt's length is known "
+                        "(instead of --budget); the default method spends it on bits and tokens together")
     p.add_argument("--compress", choices=("chunk", "prompt_end"), default=None,
                    help="when layers choose: after every prefill chunk, or once the whole prompt is read")
     p.add_argument("--slack", type=int, default=None, help="a choice keeps budget - slack tokens; the next slack evict "
@@ -314,8 +335,13 @@ def add_config_options(p):
     p.add_argument("--window-budget", type=int, default=None, help="tokens per sliding-window layer (the global "
                    "layers share the rest)")
     p.add_argument("--window-method", default=None, help="the method whose policy the sliding-window layers use")
-    p.add_argument("--kv-bits", type=int, default=None, help="store kept keys and values at 8, 4 or 2 bits (default: "
-                   "the model's dtype); on 'full': every token kept, quantized on every layer")
+    p.add_argument("--kv-bits", type=_kv_bits, default=None, help="store kept keys and values at 8, 6, 5, 4, 3 or 2 "
+                   "bits, or 'auto' (the byte planner chooses every layer's width from --kv-fraction; the default "
+                   "method's choice); default: the model's dtype; on 'full': every token kept, quantized")
+    p.add_argument("--window-kv-bits", type=int, default=None, help="the sliding-window layers' bits when they differ "
+                   "from --kv-bits (16: the model's dtype)")
+    p.add_argument("--schedule", default=None, choices=("uniform", "pyramid", "squeeze"), help="how the layers share "
+                   "the budget, over any method's policy (default: the method's own)")
     p.add_argument("--kv-group-size", type=int, default=None, help="elements per scale and bias: 32, 64 or 128")
     p.add_argument("--kv-scheme", default=None, help="'kivi' (default: keys per channel, values per token, "
                    "the newest tokens in full precision), 'group' (mlx-lm's layout: per-token groups along "

@@ -278,7 +278,8 @@ def _share(full:list, price:list, total:float, floor:int)->list:
     for i, p in enumerate(price): groups.setdefault(p, []).append(i)
     if len(groups) == 1: return allocate_exact(full, min(sum(full), math.floor(total / price[0] + 1e-9)), floor, full)
     out = {}
-    for idx in groups.values(): out |= _fill(full, idx, max(floor * len(idx), math.floor(s * sum(full[i] for i in idx) + 1e-9)), floor)
+    for idx in groups.values():
+        out |= _fill(full, idx, max(floor * len(idx), math.floor(s * sum(full[i] for i in idx) + 1e-9)), floor)
     return [out[i] for i in range(len(full))]
 
 
