@@ -242,7 +242,11 @@ def plot_frontier(res:dict, # results of `every_task`
     import matplotlib.pyplot as plt
     table = task_table(res)
     tasks, kinds = list(res["keys"]), list(res["continuation"])
-    fig, axes = plt.subplots(1, len(tasks) + len(kinds), figsize=(3.2 * (len(tasks) + len(kinds)), 3.6))
+    n = len(tasks) + len(kinds)
+    cols = min(3, n)
+    fig, axes = plt.subplots(-(-n // cols), cols, figsize=(3.5 * cols, 3.1 * -(-n // cols)), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[n:]: ax.set_visible(False)
     groups = {}
     for t in table: groups.setdefault(t["row"].split("@")[0], []).append(t)
     for ax, name in zip(axes, tasks + kinds):
@@ -254,7 +258,7 @@ def plot_frontier(res:dict, # results of `every_task`
         ax.set_title(f"ppl {name} (% vs full)" if name in kinds else f"{name} (hits / full's)", fontsize=11)
         ax.set_xlabel("share of the full cache's bf16 bytes", fontsize=10)
         ax.tick_params(labelsize=9)
-    axes[0].legend(fontsize=9)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     if path: fig.savefig(path, dpi=110)
     return fig
