@@ -2,13 +2,16 @@
 """A short request's time to first token on `veloxquant serve`, alone and while a long prompt is read, at each prefill
 chunk size: `python scripts/bench_serve_ttft.py [--quick] [--steps 2048,512] [--model tiny:llama] [--method ...]`.
 
-The long prompt is `veloxquant passkey` at 8,000 tokens (4,000 with --quick); the short one is a one-line completion.
+The long prompt is `veloxquant passkey` at 8,000 tokens (4,000 with --quick); the short one is a 234-token
+completion ("Count: 1, 2, ..., 60,"; the default configuration refuses prompts under about 110 tokens on Gemma 3 270M).
 Prints one JSON line per chunk size (see nbs/07a_serve.ipynb, "A short request behind a long prompt")."""
 from veloxquant_mlx.blas import preload_openblas
 preload_openblas()  # before anything imports mlx.core
 import argparse, json, time
 from veloxquant_mlx.cli import load_cli_model, method_config, passkey_prompt
 from veloxquant_mlx.serve import EvictingServer, first_token_delays, tiny_tokenizer
+
+SHORT = "Count: " + ", ".join(str(i) for i in range(1, 61)) + ","
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
@@ -24,6 +27,6 @@ if __name__ == "__main__":
     for step in [int(s) for s in a.steps.split(",")]:
         srv = EvictingServer(model, tok, method_config(a.method), ["--port", "0", "--log-level", "CRITICAL",
                                                                    "--prefill-step-size", str(step)]).start()
-        try: d = first_token_delays(srv.url, "The capital of France is", long)
+        try: d = first_token_delays(srv.url, SHORT, long)
         finally: srv.stop()
         print(json.dumps(dict(prefill_step=step, long_prompt_tokens=n, method=a.method, **d)), flush=True)

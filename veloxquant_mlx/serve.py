@@ -505,8 +505,11 @@ def time_to_first_token(url:str, # the server
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = conn.getresponse()
-    while not r.fp.readline().startswith(b"data: "): pass
-    return time.perf_counter() - t0, r
+    if r.status != 200: raise RuntimeError(f"the server answered {r.status}: {r.read().decode(errors='replace')}")
+    while True:
+        line = r.fp.readline()
+        if not line: raise RuntimeError("the stream ended before its first token")
+        if line.startswith(b"data: "): return time.perf_counter() - t0, r
 
 # %% ../nbs/07a_serve.ipynb #a7a00062
 def first_token_delays(url:str, # the server
