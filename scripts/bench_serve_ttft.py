@@ -1,19 +1,27 @@
 #!/usr/bin/env python
 """A short request's time to first token on `veloxquant serve`, alone and while a long prompt is read, at each prefill
-chunk size: `python scripts/bench_serve_ttft.py [--quick] [--steps 2048,512] [--model tiny:llama] [--method ...]`.
+chunk size and scheduler: `python scripts/bench_serve_ttft.py [--quick] [--runs 2048:mlx,512:mlx,512:fair]
+[--model tiny:llama] [--method ...]`.
 
-The long prompt is `veloxquant passkey` at 8,000 tokens (4,000 with --quick); the short one is a one-line completion.
-Prints one JSON line per chunk size (see nbs/07a_serve.ipynb, "A short request behind a long prompt")."""
+The long prompt is `veloxquant passkey` at 8,000 tokens (4,000 with --quick); the short one is a 234-token
+completion ("Count: 1, 2, ..., 60,"; the default configuration refuses prompts under about 110 tokens on Gemma 3 270M).
+Prints one JSON line per run (see nbs/07a_serve.ipynb, "A short request behind a long prompt")."""
 from veloxquant_mlx.blas import preload_openblas
 preload_openblas()  # before anything imports mlx.core
 import argparse, json, time
 from veloxquant_mlx.cli import load_cli_model, method_config, passkey_prompt
+from mlx_lm.generate import BatchGenerator
+import veloxquant_mlx.serve as serve
 from veloxquant_mlx.serve import EvictingServer, first_token_delays, tiny_tokenizer
+FAIR = serve.FairBatchGenerator
+
+SHORT = "Count: " + ", ".join(str(i) for i in range(1, 61)) + ","
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a 4,000-token long prompt instead of 8,000")
-    ap.add_argument("--steps", default="2048,512", help="prefill chunk sizes to compare")
+    ap.add_argument("--runs", default="2048:mlx,512:mlx,512:fair", help="prefill chunk size:scheduler pairs to compare "
+                    "(mlx: mlx-lm's BatchGenerator; fair: the server's FairBatchGenerator)")
     ap.add_argument("--model", default=None, help="as for veloxquant serve (default: the embedded Gemma 3 270M)")
     ap.add_argument("--method", default="auto", help="the served method (default: the recommended configuration)")
     a = ap.parse_args()
@@ -21,9 +29,11 @@ if __name__ == "__main__":
     if a.model and a.model.startswith("tiny:"): tok = tiny_tokenizer()
     n = 4000 if a.quick else 8000
     long = passkey_prompt(n, 52817, 0.5, tok)
-    for step in [int(s) for s in a.steps.split(",")]:
+    for run in a.runs.split(","):
+        step, scheduler = int(run.split(":")[0]), run.split(":")[1]
+        serve.FairBatchGenerator = FAIR if scheduler == "fair" else BatchGenerator   # what the server builds
         srv = EvictingServer(model, tok, method_config(a.method), ["--port", "0", "--log-level", "CRITICAL",
                                                                    "--prefill-step-size", str(step)]).start()
-        try: d = first_token_delays(srv.url, "The capital of France is", long)
+        try: d = first_token_delays(srv.url, SHORT, long)
         finally: srv.stop()
-        print(json.dumps(dict(prefill_step=step, long_prompt_tokens=n, method=a.method, **d)), flush=True)
+        print(json.dumps(dict(prefill_step=step, scheduler=scheduler, long_prompt_tokens=n, method=a.method, **d)), flush=True)

@@ -30,13 +30,13 @@ def random_requests(seed:int, n:int=8):
         out.append((p, rng.randint(2, 10), rng.random() < 0.25))
     return out
 
-def alone(arch, cfg, prompt, max_tokens):
+def alone(arch, cfg, prompt, max_tokens, step=PREFILL_STEP):
     "Greedy token ids of `prompt` alone, with fresh caches of `cfg` (memoised); 400 when the configuration refuses it."
-    key = (arch, cfg.label, cfg.budget, prompt, max_tokens)
+    key = (arch, cfg.label, cfg.budget, prompt, max_tokens, step)
     if key not in ALONE:
         model = model_for(arch)
         try: ALONE[key] = greedy_alone(model, tiny_tokenizer().encode(prompt), KVCacheBuilder.for_model(model, cfg),
-                                       max_tokens, PREFILL_STEP)              # the server's prefill chunk
+                                       max_tokens, step)                      # the prefill chunk
         except ValueError: ALONE[key] = 400        # e.g. too short for kv_fraction's floors (generate refuses it too)
     return ALONE[key]
 
@@ -82,12 +82,13 @@ def test_server_answers_equal_fresh_runs(arch, method, budget, shared):
                 if not cancel: assert got == alone(arch, cfg, p, n), (seed, p, n)
     finally: srv.stop()
 
-def batched(model, cfg, reqs):
+def batched(model, cfg, reqs, fair=False):
     """Token ids of `reqs` through one mlx-lm `BatchGenerator`, one joining every other step; a cancelled request is
     removed after its second token (the server's `remove` when a client goes)."""
     from mlx_lm.generate import BatchGenerator
-    gen = BatchGenerator(model, stop_tokens=None, completion_batch_size=3, prefill_batch_size=2,
-                         prefill_step_size=PREFILL_STEP)
+    from veloxquant_mlx.serve import FairBatchGenerator                      # the server's
+    gen = (FairBatchGenerator if fair else BatchGenerator)(model, stop_tokens=None, completion_batch_size=3,
+                                                           prefill_batch_size=2, prefill_step_size=64)
     tok = tiny_tokenizer()
     uids, toks, done, pending, step = {}, {}, set(), list(enumerate(reqs)), 0
     while pending or len(done) < len(uids):
@@ -108,14 +109,15 @@ def batched(model, cfg, reqs):
 
 BATCH_CONFIGS = [CONFIGS[i] for i in (0, 1, 2, 3, 5)]
 
+@pytest.mark.parametrize("fair", [False, True], ids=["mlx", "fair"])
 @pytest.mark.parametrize("arch,method,budget,shared", BATCH_CONFIGS, ids=[f"{a}-{m}" for a, m, _, _ in BATCH_CONFIGS])
-def test_batch_generator_answers_equal_fresh_runs(arch, method, budget, shared):
+def test_batch_generator_answers_equal_fresh_runs(arch, method, budget, shared, fair):
     cfg, model = method_config(method, budget, **shared), model_for(arch)
     for seed in range(3):
-        reqs = [r for r in random_requests(seed) if alone(arch, cfg, r[0], r[1]) != 400]
-        got = batched(model, cfg, reqs)
+        reqs = [r for r in random_requests(seed) if alone(arch, cfg, r[0], r[1], 64) != 400]
+        got = batched(model, cfg, reqs, fair)
         for (p, n, cancel), g in zip(reqs, got):
-            if not cancel: assert g == alone(arch, cfg, p, n), (seed, p, n)
+            if not cancel: assert g == alone(arch, cfg, p, n, 64), (seed, p, n)
 
 @pytest.mark.parametrize("method,budget", [("squeeze", 24), ("h2o", 24), ("snapkv", 40), ("full", None)])
 def test_short_request_then_long_one(method, budget):

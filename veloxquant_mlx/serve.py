@@ -20,7 +20,8 @@ __all__ = ['ROLES', 'REQUEST_FIELDS', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_
            'EvictingPromptCache', 'server_args', 'RequestError', 'check_messages', 'Limits', 'check_body',
            'check_prompt', 'parse_allowed', 'request_choices', 'request_config', 'ClientGone', 'client_gone',
            'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs', 'table_markdown',
-           'time_to_first_token', 'first_token_delays', 'add_serve_parser', 'serve_worker', 'serve_from_args']
+           'time_to_first_token', 'first_token_delays', 'FairBatchGenerator', 'add_serve_parser', 'serve_worker',
+           'serve_from_args']
 
 # %% ../nbs/07a_serve.ipynb #a7a00006
 def bytes_to_unicode()->dict:
@@ -506,8 +507,11 @@ def time_to_first_token(url:str, # the server
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = conn.getresponse()
-    while not r.fp.readline().startswith(b"data: "): pass
-    return time.perf_counter() - t0, r
+    if r.status != 200: raise RuntimeError(f"the server answered {r.status}: {r.read().decode(errors='replace')}")
+    while True:
+        line = r.fp.readline()
+        if not line: raise RuntimeError("the stream ended before its first token")
+        if line.startswith(b"data: "): return time.perf_counter() - t0, r
 
 # %% ../nbs/07a_serve.ipynb #a7a00062
 def first_token_delays(url:str, # the server
@@ -527,6 +531,74 @@ def first_token_delays(url:str, # the server
     r.read()
     held.read()
     return dict(alone_s=alone, behind_long_s=loaded, ratio=loaded / alone)
+
+# %% ../nbs/07a_serve.ipynb #a7a00066
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
+
+class FairBatchGenerator(BatchGenerator):
+    "mlx-lm's `BatchGenerator`, reading short newcomers before a long prompt, decoding between its chunks."
+    _held = None # (prompt batch, its progress) set aside while short newcomers are read
+    _fresh = True # False right after a set-aside batch came back (it reads a chunk first)
+    _decoded = False # the last call was a decode step alone
+
+    def _next(self):
+        reading = len(self._prompt_batch) > 0 or len(self._unprocessed_sequences) > 0
+        decoding = len(self._generation_batch) > 0
+        if decoding and reading and not self._decoded:
+            self._decoded = True                              # tokens go out before the next prefill chunk
+            return [], self._generation_batch.next()
+        self._decoded = False
+        self._set_aside()
+        out = self._prefill_only() if decoding and reading else super()._next()
+        self._bring_back()
+        return out
+
+# %% ../nbs/07a_serve.ipynb #a7a00067
+@patch
+def _set_aside(self:FairBatchGenerator):
+    "Short newcomers beside a prompt batch being read: set that batch aside and read them first."
+    waiting = self._unprocessed_sequences
+    short = waiting and all(sum(len(s) for s in q[1]) <= self.prefill_step_size for q in waiting)
+    if self._held is not None or not len(self._prompt_batch) or not short:
+        self._fresh = True
+        return
+    if not self._fresh:                                       # it came back last call: let it read a chunk
+        self._fresh = True
+        return
+    self._held = (self._prompt_batch, self._currently_processing)
+    self._prompt_batch = PromptProcessingBatch.empty(self.model, self.sampler, prefill_step_size=self.prefill_step_size)
+    self._currently_processing = []
+
+@patch
+def _bring_back(self:FairBatchGenerator):
+    "The set-aside batch returns once the newcomers have all moved on to decoding."
+    if self._held is not None and not len(self._prompt_batch):
+        (self._prompt_batch, self._currently_processing), self._held, self._fresh = self._held, None, False
+
+# %% ../nbs/07a_serve.ipynb #a7a00068
+@patch
+def _prefill_only(self:FairBatchGenerator):
+    "mlx-lm's step with its decode step left out (it ran as a call of its own)."
+    gen = self._generation_batch
+    gen.next = lambda: []
+    try: return BatchGenerator._next(self)
+    finally: del gen.next
+
+@patch
+def remove(self:FairBatchGenerator, uids, return_prompt_caches=False):
+    "mlx-lm's `remove`, reaching a set-aside batch too."
+    if self._held is not None:
+        batch, progress = self._held
+        keep = [i for i, u in enumerate(batch.uids) if u not in set(uids)]
+        if len(keep) < len(batch.uids):
+            batch.filter(keep)
+            self._held = (batch, [progress[i] for i in keep])
+    return BatchGenerator.remove(self, uids, return_prompt_caches)
+
+@patch
+def _generate(self:_Generator):
+    "mlx-lm's generation loop, with a `FairBatchGenerator`."
+    with _swapped(mlx_server, BatchGenerator=FairBatchGenerator): mlx_server.ResponseGenerator._generate(self)
 
 # %% ../nbs/07a_serve.ipynb #a7a00014
 def add_serve_parser(sub):
