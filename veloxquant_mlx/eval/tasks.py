@@ -271,8 +271,8 @@ def every_task_headline(res:dict, # results of `every_task`
     out = []
     for t in task_table(res):
         if t["row"].split("@")[0] != row: continue
-        hits = ", ".join(f"{k} {t[k][0]}/{t[k + '_full']}" for k in res["keys"])
+        hits = ", ".join(f"{k} {t[k][0]}/{t[k][1]} (the full cache {t[k + '_full']})" for k in res["keys"])
         ppl = ", ".join(f"{k} {t[k]:+.1f} %" for k in res["continuation"])
         out.append(f"at **{t['row'].split('@')[1]}** of the full cache's bytes (held: {t['bytes']:.3f}) it answers "
-                   f"{hits} of what the full cache answers, and changes perplexity by {ppl}")
+                   f"{hits}, and changes perplexity by {ppl}")
     return "; ".join(out) + "."
