@@ -155,7 +155,7 @@ def _gather_signals(cache:list, local:list, sent:mx.array):
     held, todo, seen = [r for c in local for r in _rows(c)], [], set()
     for r in (r for c in cache for r in _rows(c)):
         co = getattr(r, "coordinator", None)
-        if co is None or not hasattr(co, "report") or co.resolved or id(co) in seen: continue
+        if co is None or co.signal is None or co.resolved or id(co) in seen: continue
         seen.add(id(co))
         mine = {j for j, c in co.layers.items() if any(c is x for x in held)}
         if mine <= set(co.reports): todo.append((co, mine))     # every local layer has measured this prompt

@@ -196,6 +196,9 @@ class WeightedFractionCoordinator(PromptEndCoordinator):
         "A layer's measured signal (its first chunk)."
         self.reports[layer_idx] = value
 
+    def finalize(self):
+        "Nothing to resolve before the prompt ends: the weights are read then (a split model gathers the reports first)."
+
     def layer_weights(self)->list:
         "The weights: fixed, or SqueezeAttention's from every layer's report."
         if self.weights is not None: return list(self.weights)
