@@ -197,7 +197,7 @@ class WeightedFractionCoordinator(PromptEndCoordinator):
         self.reports[layer_idx] = value
 
     def finalize(self):
-        "Nothing to resolve before the prompt ends: the weights are read then (a split model gathers the reports first)."
+        "Nothing to resolve before the prompt ends (the weights are read then; a split model gathers reports first)."
 
     def layer_weights(self)->list:
         "The weights: fixed, or SqueezeAttention's from every layer's report."
