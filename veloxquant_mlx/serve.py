@@ -4,7 +4,7 @@
 
 # %% ../nbs/07a_serve.ipynb #a7a00004
 from __future__ import annotations
-import argparse, contextlib, gc, io, json, logging, select, signal, socket, sys, threading
+import argparse, contextlib, gc, io, json, logging, os, select, signal, socket, sys, threading
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from types import SimpleNamespace
@@ -657,4 +657,8 @@ def serve_from_args(args, err=None)->int:
     print(f"veloxquant serve: {cfg.label}{budget} on {srv.url}", file=err, flush=True)
     signal.signal(signal.SIGTERM, _interrupt)
     srv.serve_forever()
-    return 0
+    # the server has stopped and freed what it holds; the process ends here, without the interpreter's teardown, in
+    # which MLX's native threads sometimes aborted it ("terminate called without an active exception", status -6)
+    print("veloxquant serve: stopped", file=err, flush=True)
+    sys.stdout.flush()
+    os._exit(0)
