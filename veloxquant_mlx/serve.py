@@ -474,7 +474,7 @@ def refusal_table(url:str, # the server
 def bad_inputs(context:int, # the model's context in tokens
                cap:int, # the server's `max_prompt_tokens`
                short:str="hi")->list: # a prompt too short for a `kv_fraction` configuration
-    "Issue 21's bad inputs for a byte-level tiny model (one token per byte): (what was sent, path, body)."
+    "The bad inputs the serve tests send, for a byte-level tiny model (one token per byte): (what, path, body)."
     chat, text = "/v1/chat/completions", "/v1/completions"
     return [(f"prompt of {context + 100} tokens (context {context})", text, {"prompt": "a" * (context + 100)}),
             (f"prompt of {cap + 100} tokens (operator cap {cap})", text, {"prompt": "a" * (cap + 100)}),

@@ -81,19 +81,20 @@ GOALS = {(2048, 0.25): 0.90, (2048, 0.125): 0.75, (8192, 0.1): 0.80}  # issue 13
 def plot_fraction_results(
     res: dict,  # `load_fraction_results`
     path: str = "images/quality_fraction.png",  # where to write the PNG
-    names: list | None = None,
-) -> str:  # rows to show (default: every row)
+    names: list | None = None,  # rows to show (default: every row)
+) -> str:
     "Bars of the keys each row retrieves over the full cache's, per (length, share); writes a PNG, returns its path."
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import textwrap
 
     pk, cells = [r for r in res["rows"] if r["task"] == "passkey"], passkey_cells(res)
     full = {(r["length"], r["family"]): hits(r) for r in pk if r["name"] == "full"}
     present = list(dict.fromkeys(r["name"] for r in pk if r["name"] != "full"))
     names = [n for n in (names or present) if n in present]
-    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells) + 3, 0.32 * len(names) + 1.6), sharey=True)
+    fig, axes = plt.subplots(1, len(cells), figsize=(1.55 * len(cells) + 3.2, 0.48 * len(names) + 1.6), sharey=True)
     for ax, (l, f) in zip(axes if len(cells) > 1 else [axes], cells):
         share = []
         for n in names:
@@ -101,23 +102,24 @@ def plot_fraction_results(
             fh = sum(full[(l, r["family"])] for r in got)
             share.append(sum(hits(r) for r in got) / fh if fh else 0.0)
             if not got:  # a row this run did not measure at this length and share: say so, not a zero bar
-                ax.text(0.02, len(share) - 1, "not run", fontsize=6, color="0.5", va="center")
+                ax.text(0.02, len(share) - 1, "not run", fontsize=7, color="0.4", va="center")
             elif share[-1] == 0:
-                ax.text(0.02, len(share) - 1, "0", fontsize=6, va="center")
+                ax.text(0.02, len(share) - 1, "0", fontsize=7, va="center")
         ax.barh(
             range(len(names)), share, color=["tab:green" if v >= GOALS.get((l, f), 1) else "tab:gray" for v in share]
         )
         if (l, f) in GOALS:
             ax.axvline(GOALS[(l, f)], color="k", ls="--", lw=1)
         ax.set_xlim(0, 1.05)
-        ax.set_title(f"{l:,}-token prompts, {100 * f:g}% of the full cache", fontsize=9)
-        ax.set_xlabel("keys retrieved / the full cache's")
+        ax.set_title(f"{l:,} tokens\n{100 * f:g}% of the cache", fontsize=9)
+        ax.set_xlabel("keys / the full cache's", fontsize=9)
     axes_list = axes if len(cells) > 1 else [axes]
-    axes_list[0].set_yticks(range(len(names)), names, fontsize=7)
+    wrap = lambda n: "\n".join(textwrap.wrap(n.replace(",", ", "), 48)).replace(", ", ",")  # long labels, two lines
+    axes_list[0].set_yticks(range(len(names)), [wrap(n) for n in names], fontsize=8)
     axes_list[0].invert_yaxis()
     fig.suptitle(
-        f"Pass key on Gemma 3 270M, families pooled ({', '.join(sorted({r['family'] for r in pk}))}); "
-        "dashed: the goal",
+        f"Pass key on Gemma 3 270M, families pooled\n"
+        f"({', '.join(sorted({r['family'] for r in pk}))}); dashed: the goal",
         fontsize=9,
     )
     fig.tight_layout()

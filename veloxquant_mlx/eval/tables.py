@@ -44,8 +44,9 @@ def fraction_table(res:dict, # `load_fraction_results`
 
 # %% ../../nbs/11h_eval_tables.ipynb #58d1ee17
 def fraction_headline(
-    res: dict, name: str  # `load_fraction_results`
-) -> str:  # the row to describe (the recommended configuration)
+    res: dict,  # `load_fraction_results`
+    name: str,  # the row to describe (the grid's retrieval row)
+) -> str:
     "One paragraph: what `name` keeps of the full cache's answers at each share, per family, and its perplexity."
     pk = [r for r in res["rows"] if r["task"] == "passkey"]
     full = {(r["length"], r["family"]): r for r in pk if r["name"] == "full"}
