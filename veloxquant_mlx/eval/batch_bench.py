@@ -29,11 +29,14 @@ def prompt_ids(tokenizer, n:int)->list:
     return ids[:n]
 
 def prefill(model, ids:list, caches:list, step:int=2048)->float:
-    "Read all but the last of `ids` into `caches` in chunks of `step` tokens; seconds taken."
+    "Read all but the last of `ids` into `caches` in chunks of `step` tokens and end the prompt; seconds taken."
     t0 = time.perf_counter()
     for a in range(0, len(ids) - 1, step):
         model(mx.array(ids[a:min(a + step, len(ids) - 1)])[None], cache=caches)
         mx.eval([c.state for c in caches])
+    for c in caches:                    # a prompt_end schedule resolves here, once, before the rows are copied
+        if hasattr(c, "end_prompt"): c.end_prompt()
+    mx.eval([c.state for c in caches])
     return time.perf_counter() - t0
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c130000a
@@ -88,8 +91,9 @@ def run_sweep(cfg:dict, log=print, checkpoint=None)->dict:
     done = checkpoint or (lambda r: None)
     t_start = time.perf_counter()
     model, tok = load_bench_model(cfg["model"])
-    configs = {"full": KVCacheConfig.for_method("full"),
-               "evict": KVCacheConfig.for_method(cfg["method"], cfg["budget"], compress=cfg.get("compress", "chunk"))}
+    evict = (KVCacheConfig.from_label(cfg["evict_label"]) if cfg.get("evict_label") else  # e.g. the default's label
+             KVCacheConfig.for_method(cfg["method"], cfg["budget"], compress=cfg.get("compress", "chunk")))
+    configs = {"full": KVCacheConfig.for_method("full"), "evict": evict}
     res = dict(machine=machine_info(), settings=cfg, label=configs["evict"].label, runs={})
     cap, max_full = cfg["cap_mib"] * 2**20, cfg["max_full_kv_mib"] * 2**20
     for n in cfg["lengths"]:
@@ -147,7 +151,8 @@ def format_results(res:dict)->str:
     "A table per prompt length: tokens/s, KV MiB and peak MiB per batch size, and the comparison at the cap."
     cap = res["settings"]["cap_mib"]
     st = res["settings"]
-    lines = [f"evict = {res['label']} at budget {st['budget']}; KV cap {cap} MiB; {st['steps']} timed steps after "
+    at = "" if st.get("evict_label") else f" at budget {st['budget']}"
+    lines = [f"evict = {res['label']}{at}; KV cap {cap} MiB; {st['steps']} timed steps after "
              f"{st['warmup']} warm-up, median of {st.get('rounds', 1)} rounds"]
     for n, run in res["runs"].items():
         lines.append(f"\nprompt {n} tokens (prefill full {run['prefill_s']['full']:.0f} s, "
@@ -185,7 +190,8 @@ def plot_results(res:dict, folder:str, prefix:str="batch_speed"):
         for k, style in (("full", "o-"), ("evict", "s-")):
             rows = sorted(run[k], key=lambda r: r["B"])
             if not rows: continue
-            name = "full cache" if k == "full" else res["label"] + f" @ {res['settings']['budget']}"
+            at = "" if res["settings"].get("evict_label") else f" @ {res['settings']['budget']}"
+            name = "full cache" if k == "full" else res["label"] + at
             Bs, med = [r["B"] for r in rows], [r["tok_s"] for r in rows]
             lo = [m - min(r.get("tok_s_rounds", [m])) for m, r in zip(med, rows)]
             hi = [max(r.get("tok_s_rounds", [m])) - m for m, r in zip(med, rows)]
