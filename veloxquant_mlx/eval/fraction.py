@@ -10,7 +10,7 @@ from fastcore.basics import patch
 from ..blas import preload_openblas
 preload_openblas()  # before mlx.core
 from ..builder import KVCacheConfig
-from ..coordinator import Uniform, full_slots
+from ..coordinator import Uniform, full_slots, slot_bytes
 from ..methods import METHODS
 from .prompts import FAMILIES, family_set, ppl_sequences
 from .measure import (Answers, Tally, kv_bytes_bf16, full_bytes_bf16, attention_windows,
@@ -19,27 +19,22 @@ from .batching import prefilled, batched_greedy, batched_score, compress_prompt
 
 # %% auto #0
 __all__ = ['LEVERS', 'RETRIEVAL_ROW', 'FRACTION_ROWS', 'QUANT_ROWS', 'LONG_ROWS', 'ROW_SETS', 'PPL_ROWS', 'PPL_PLAN',
-           'FRACTION_RUN', 'bytes_per_token', 'fraction_config', 'row_name', 'fraction_rows', 'fraction_passkey',
-           'fraction_perplexity', 'FractionSettings', 'run_fraction_grid', 'perplexity_study']
+           'FRACTION_RUN', 'fraction_config', 'row_name', 'fraction_rows', 'fraction_passkey', 'fraction_perplexity',
+           'FractionSettings', 'run_fraction_grid', 'perplexity_study']
 
 # %% ../../nbs/11e_eval_fraction.ipynb #2788ec25
-def bytes_per_token(kv_bits:int|None, # None: float storage
-                    group_size:int=64)->float: # elements per scale and bias
-    "A kept token's bytes relative to bfloat16: packed bits plus a 16-bit scale and bias per group (1.0 for floats)."
-    return 1.0 if kv_bits is None else kv_bits / 16 + 2 / group_size
-
 def fraction_config(row:tuple, # (method, params, fields)
-                    fraction:float, # share of the full cache's token slots
+                    fraction:float, # share of the full cache's bf16 bytes
                     n_tokens:int, # the prompt's length
                     windows:list)->KVCacheConfig: # the model's attention windows
     "The row's configuration at `fraction` of the full cache's bytes (`kv_fraction` or tokens per layer)."
     method, params, fields = row
     entry = METHODS[method]
     if not entry.budgeted: return KVCacheConfig.for_method(method, None, **params, **fields)   # all tokens kept
-    tokens = min(1.0, fraction / bytes_per_token(fields.get("kv_bits"), fields.get("kv_group_size", 64)))
     uniform = not entry.baseline and isinstance(entry.schedule(entry.resolve(params)), Uniform)
-    if uniform and fields.get("compress", "prompt_end") == "prompt_end":
-        return KVCacheConfig.for_method(method, kv_fraction=tokens, **params, **fields)
+    if uniform and fields.get("compress", "prompt_end") == "prompt_end":               # `kv_fraction` counts bytes
+        return KVCacheConfig.for_method(method, kv_fraction=fraction, **params, **fields)
+    tokens = min(1.0, fraction / slot_bytes(fields.get("kv_bits"), fields.get("kv_group_size", 64)))
     avg = max(5, math.floor(tokens * sum(full_slots(n_tokens, windows)) / len(windows)))
     return KVCacheConfig.for_method(method, avg, **params, **fields)
 
