@@ -289,15 +289,20 @@ class _Handler(mlx_server.APIHandler):
 
 # %% ../nbs/07a_serve.ipynb #a7a00032
 @patch
+def _send_json(self:_Handler, status:int, obj):
+    "Answer `obj` as a JSON body with `status`."
+    body = json.dumps(obj).encode()
+    self._set_completion_headers(status)
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+@patch
 def _refuse(self:_Handler, e:RequestError):
     "Answer `e` as OpenAI's error object, and log it in one line."
     logging.warning(f"{self.command} {self.path}: {e.status} {e}")
     kind = "not_found_error" if e.status == 404 else "invalid_request_error"
-    body = json.dumps({"error": {"message": str(e), "type": kind, "code": e.status}}).encode()
-    self._set_completion_headers(e.status)
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
+    self._send_json(e.status, {"error": {"message": str(e), "type": kind, "code": e.status}})
 
 # %% ../nbs/07a_serve.ipynb #a7a00033
 @patch
@@ -319,11 +324,7 @@ def handle_models_request(self:_Handler):
     asked = self.path[len("/v1/models"):].strip("/")
     if asked and asked != m["id"]:
         return self._refuse(RequestError(404, f"model {asked!r} is not served here; this server serves {m['id']!r}"))
-    body = json.dumps(m if asked else {"object": "list", "data": [m]}).encode()
-    self._set_completion_headers(200)
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
+    self._send_json(200, m if asked else {"object": "list", "data": [m]})
 
 @patch
 def handle_text_completions(self:_Handler):

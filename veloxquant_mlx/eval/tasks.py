@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from ..builder import KVCacheConfig, KVCacheBuilder
+from ..models import prose_text
 from . import prompts as P, measure as M, batching as B
 
 # %% auto #0
@@ -33,7 +34,7 @@ def code_text(n_chars:int, # roughly how many characters of source to return
 
 # %% ../../nbs/15_every_task.ipynb #50dd1f17
 CONTINUATION = dict(
-    prose=lambda need, i: __import__("veloxquant_mlx.models", fromlist=["x"]).prose_text(6 * need + 2000, skip_chars=7_000 + i * 14_000),
+    prose=lambda need, i: prose_text(6 * need + 2000, skip_chars=7_000 + i * 14_000),
     docs=lambda need, i: P.docstring_prose()[i * 12_000:],
     code=lambda need, i: code_text(6 * need, skip=20 + 9 * i),
 )  # text kind -> (tokens needed, sample index) -> text
