@@ -15,16 +15,16 @@ from .proxy import concentration_score, layer_concentration
 from .allocators import pyramid_budgets, squeeze_budgets, allocate_exact
 from .policies import Policy, KeyProxy, CumulativeAttention, ObservationWindow, LastQuery, Recency, ChunkKV
 from .storage import Storage, FloatStorage, GroupStorage, KiviStorage, make_storage
-from .cache import (EvictingCache, H2OCache, PyramidKVCache, SnapKVCache, SqueezeAttentionCache,
-                                  install_attention_hook, remove_attention_hook)
+from .cache import EvictingCache, LayerSpec, install_attention_hook, remove_attention_hook
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SqueezeCoordinator
-from .methods import Method, Param, register, methods_table
+from .methods import (Method, Param, register, methods_table, H2OCache, PyramidKVCache, SnapKVCache,
+                                    SqueezeAttentionCache)
 from .builder import KVCacheConfig, KVCacheFactory, KVCacheBuilder, cache_summary, coordinator_of
 from .batch import BatchEvictingCache
 __all__ = ["concentration_score", "layer_concentration", "pyramid_budgets", "squeeze_budgets", "allocate_exact",
            "Policy", "KeyProxy", "CumulativeAttention", "ObservationWindow", "LastQuery", "Recency", "ChunkKV",
            "Storage", "FloatStorage", "GroupStorage", "KiviStorage", "make_storage",
-           "EvictingCache", "BatchEvictingCache", "H2OCache", "PyramidKVCache", "SnapKVCache", "SqueezeAttentionCache",
+           "EvictingCache", "LayerSpec", "BatchEvictingCache", "H2OCache", "PyramidKVCache", "SnapKVCache", "SqueezeAttentionCache",
            "install_attention_hook", "remove_attention_hook",
            "Schedule", "Uniform", "Pyramid", "Squeeze", "SqueezeCoordinator",
            "Method", "Param", "register", "methods_table",

@@ -9,7 +9,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
 from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
-from .cache import EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed
+from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed, hand_over,
+                                  take_back, advance, steady, held_arrays, copy_layer)
 
 # %% auto #0
 __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
@@ -25,16 +26,6 @@ def _same_dtype(d): # an `mx.Dtype` (a quantized storage records one)
 copyreg.pickle(type(mx.float32), _same_dtype)
 
 
-# %% ../nbs/03b_batch.ipynb #19e39078
-def _own_copy(obj):
-    "A shallow copy of `obj` (a storage) owning copies of its arrays, those in its tuples included."
-    def own(a):
-        if isinstance(a, mx.array): return mx.array(a)
-        return tuple(own(x) for x in a) if isinstance(a, tuple) else a
-    new = copy.copy(obj)
-    for k, v in vars(obj).items(): setattr(new, k, own(v))
-    return new
-
 # %% ../nbs/03b_batch.ipynb #2c76d55d
 def clone_row(cache:EvictingCache)->EvictingCache: # a one-sequence layer (batch size 1)
     "An independent copy of a one-sequence layer: its own arrays (in-place writes stay private), the same schedule."
@@ -42,13 +33,7 @@ def clone_row(cache:EvictingCache)->EvictingCache: # a one-sequence layer (batch
     if B not in (None, 1):
         raise ValueError(f"a batch row holds one sequence: got a cache of batch size {B} "
                          "(merge one-sequence caches, as make_prompt_cache makes them)")
-    row = copy.copy(cache)
-    row.store = _own_copy(cache.store)
-    for name in ("positions", "scores"):
-        a = getattr(cache, name)
-        if a is not None: setattr(row, name, mx.array(a))
-    row.info = dict(cache.info)
-    return row
+    return copy_layer(cache)
 
 # %% ../nbs/03b_batch.ipynb #b3b0000a
 def row_weights(queries:mx.array, # `[B, Hq, 1, D]`: one query per row (RoPE applied, not scaled)
@@ -105,7 +90,7 @@ class BatchEvictingCache(_BaseCache):
 
     def empty(self):
         "True while no row holds a token."
-        return self._packed is None and all(r.keys is None for r in self.rows)
+        return self._packed is None and all(r.empty() for r in self.rows)
 
 # %% ../nbs/03b_batch.ipynb #b3b0000f
 @patch(cls_method=True)
@@ -119,7 +104,7 @@ def merge(cls:BatchEvictingCache, caches:list): # one layer of each request: one
             raise ValueError("two batch rows share one unresolved schedule (SqueezeAttention's coordinator): give each "
                              "request its own cache list (one make_prompt_cache per prompt)")
         seen.add(id(co))
-        if co.layers.get(c.layer_idx) is c: co.layers[c.layer_idx] = r
+        if co.layers.get(c.spec.layer_idx) is c: co.layers[c.spec.layer_idx] = r
     return cls(rows)
 
 # %% ../nbs/03b_batch.ipynb #87b20e3d
@@ -145,8 +130,7 @@ def nbytes(self:BatchEvictingCache)->int:
 def state(self:BatchEvictingCache)->list:
     "The arrays to evaluate (mlx-lm's `mx.eval([c.state ...])`); `extract` a row to save it."
     if self._packed is not None: return [a for a in (*self._packed, *(self._obs or [])[:2]) if isinstance(a, mx.array)]
-    flat = lambda a: [x for y in a for x in flat(y)] if isinstance(a, (tuple, list)) else [a]
-    return [a for r in self.rows for a in flat((*r.store.state(), r.positions, r.scores)) if a is not None]
+    return [a for r in self.rows for a in held_arrays(r)]
 
 @patch(set_prop=True)
 def state(self:BatchEvictingCache, v):
@@ -233,18 +217,13 @@ def _rows_attention(self:BatchEvictingCache, queries, scale, sinks, v_dim:int, d
 
 # %% ../nbs/03b_batch.ipynb #b3b0001a
 @patch
-def _steady(self:BatchEvictingCache, r:EvictingCache)->bool:
-    "A row that decodes by the one-token rule: budget known, prompt read, nothing pending, something held."
-    return r.budget is not None and not r.deferring and not r._pending and r.count > 0
-
-@patch
 def _fast_ok(self:BatchEvictingCache, N:int)->bool:
-    "True when this pass can be one vectorised decoding step."
+    "True when this pass can be one vectorised decoding step (every row steady, float-held, and decoding alike)."
     if not self.fast or N != 1 or self._skip is not None or self._todo is not None or not self.rows: return False
     if self._packed is not None: return True
     r0 = self.rows[0]
-    return all(r.keys is not None and isinstance(r.store, HeldArrays) and self._steady(r)
-               and type(r.policy) is type(r0.policy) and r.window == r0.window and r.n_sink == r0.n_sink
+    return all(not r.empty() and isinstance(r.store, HeldArrays) and steady(r) and type(r.policy) is type(r0.policy)
+               and r.spec.window == r0.spec.window and r.spec.n_sink == r0.spec.n_sink
                for r in self.rows)   # quantized: row by row
 
 # %% ../nbs/03b_batch.ipynb #9bf3a1c1
@@ -301,7 +280,7 @@ def _pack(self:BatchEvictingCache):
     "Move the rows' arrays into batched buffers (row b in slots [0, count_b)); the rows keep only their metadata."
     rows, e = self.rows, self._extra()
     L = min(max(r.budget + e for r in rows), self._width_needed())
-    given = [r.hand_over() for r in rows]
+    given = [hand_over(r) for r in rows]
     per = [self._pad_to(held, L) for held, _ in given]
     self._packed = tuple(mx.concatenate([p[i] for p in per], axis=0) for i in range(4))
     w = max(r.policy.obs_window for r in rows)
@@ -326,7 +305,7 @@ def _row_arrays(self:BatchEvictingCache, b:int)->tuple:
 @patch
 def _unpack(self:BatchEvictingCache):
     "Give every row its arrays back (before a row-by-row pass)."
-    for b, r in enumerate(self.rows): r.take_back(self._row_arrays(b), self._obs_row(b))
+    for b, r in enumerate(self.rows): take_back(r, self._row_arrays(b), self._obs_row(b))
     self._packed = self._obs = None
 
 @patch
@@ -349,10 +328,10 @@ def _fast_update(self:BatchEvictingCache, keys, values):
     room = [r.count < r.budget for r in rows]
     free = [x or p.evict_after for x in room]                 # TOVA attends over budget + 1 first, then drops one
     start = mx.array([r.offset for r in rows], mx.int32)
-    recent = mx.array([r.recent for r in rows], mx.int32)[:, None, None]
+    recent = mx.array([r.spec.recent for r in rows], mx.int32)[:, None, None]
     held = HeldArrays(K, V)
-    P, S = decode_step(held, P, S, keys, values, start, [r.count for r in rows], free, p, r0.n_sink, r0.window, recent)
-    for r, x in zip(rows, free): r.advance(1, r.count < r.budget, not x)   # the row counts; the batch holds the arrays
+    P, S = decode_step(held, P, S, keys, values, start, [r.count for r in rows], free, p, r0.spec.n_sink, r0.spec.window, recent)
+    for r, x in zip(rows, free): advance(r, 1, r.count < r.budget, not x)   # the row counts; the batch holds the arrays
     self._packed, self._step = (held.keys, held.values, P, S), (start, [not x for x in room])
     return held.keys, held.values
 
@@ -362,7 +341,7 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     "Every row's one-query attention over its held tokens; the policy's mass, TOVA's drop, the queries it remembers."
     (K, V, P, S), (start, full) = self._packed, self._step
     self._step = None
-    p, window = self.rows[0].policy, self.rows[0].window
+    p, window = self.rows[0].policy, self.rows[0].spec.window
     got = {}                                              # the output, if the policy's mass brought it
     def mass():
         if sinks is not None:
@@ -405,16 +384,16 @@ def _drop_one(self:BatchEvictingCache, queries, arrs:tuple, start, full:list, sc
     rows, r0 = self.rows, self.rows[0]
     B, H, L = P.shape
     isfull = mx.array(full)[:, None, None]
-    S = mx.where(isfull, row_weights(queries, K, P, start, scale, r0.window).sum(axis=2), S)
-    protect = mx.array([max(r.recent, 1, r.policy.obs_window) for r in rows], mx.int32)[:, None, None]
-    victim = mx.argmin(eviction_priority(S, P, r0.n_sink, (start + 1)[:, None, None], r0.window, protect), axis=-1)
+    S = mx.where(isfull, row_weights(queries, K, P, start, scale, r0.spec.window).sum(axis=2), S)
+    protect = mx.array([max(r.spec.recent, 1, r.policy.obs_window) for r in rows], mx.int32)[:, None, None]
+    victim = mx.argmin(eviction_priority(S, P, r0.spec.n_sink, (start + 1)[:, None, None], r0.spec.window, protect), axis=-1)
     last = mx.broadcast_to(mx.array([r.count for r in rows], mx.int32)[:, None], (B, H))
     to = mx.where(isfull[:, :, 0], victim.astype(mx.int32), last)              # rows with room: a no-op move
     take = lambda a: mx.take_along_axis(a, last[..., None, None] if a.ndim == 4 else last[..., None], axis=2)
     K, V, P, S = (scatter_slot(a, to, take(a)) for a in (K, V, P, S))
     gone = isfull & (mx.arange(L)[None, None] == last[..., None])
     for r, f in zip(rows, full):
-        if f: r.advance(0, False, True)
+        if f: advance(r, 0, False, True)
     return K, V, mx.where(gone, _EMPTY_POS, P), mx.where(gone, 0.0, S)
 
 # %% ../nbs/03b_batch.ipynb #b3b00027
@@ -438,7 +417,7 @@ def filter(self:BatchEvictingCache, batch_indices): # the rows to keep, in order
 def _alike(self:BatchEvictingCache, other:BatchEvictingCache)->bool:
     "True when two packed batches decode by the same rule (policy class, window, sinks)."
     a, b = self.rows[0], other.rows[0]
-    return type(a.policy) is type(b.policy) and a.window == b.window and a.n_sink == b.n_sink
+    return type(a.policy) is type(b.policy) and a.spec.window == b.spec.window and a.spec.n_sink == b.spec.n_sink
 
 # %% ../nbs/03b_batch.ipynb #4d3ad397
 @patch
@@ -468,24 +447,18 @@ def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer o
 @patch
 def extract(self:BatchEvictingCache, idx:int)->EvictingCache:
     "Row `idx` as an independent one-sequence layer (to save, resume, or store for prompt reuse)."
-    r = self.rows[idx]
-    if self._packed is None: return clone_row(r)
-    row = copy.copy(r)
-    row.store, row.info = copy.copy(r.store), dict(r.info)
-    row.take_back(self._row_arrays(idx), self._obs_row(idx))
+    row = clone_row(self.rows[idx])
+    if self._packed is not None: take_back(row, self._row_arrays(idx), self._obs_row(idx))
     return row
 
 # %% ../nbs/03b_batch.ipynb #b3b0002a
-@patch(as_prop=True)
-def wants_hidden(self:BatchEvictingCache)->bool:
-    "True while some row's schedule waits for its hidden-state cosine."
-    return self._packed is None and any(r.wants_hidden for r in self.rows)
-
 @patch
-def report_hidden_rows(self:BatchEvictingCache, h, r, measure): # hidden states before/after `[B, S, d]`; the measure
-    "Each waiting row's cosine over its own tokens of this pass (`measure(x, r)`, the builder's function)."
+def report_hidden(self:BatchEvictingCache, h, r, # hidden states before/after self-attention `[B, S, d]`
+                  cosine): # the measure, `cosine(h, r)` -> float (the builder's)
+    "Each row measures its own tokens of this pass, if its schedule waits for it (a packed batch is decoding: none)."
+    if self._packed is not None: return
     for b, (row, (a, n)) in enumerate(zip(self.rows, self._spans or [])):
-        if n and row.wants_hidden: row.report_hidden(measure(h[b:b + 1, a:a + n], r[b:b + 1, a:a + n]))
+        if n: row.report_hidden(h[b:b + 1, a:a + n], r[b:b + 1, a:a + n], cosine)
 
 # %% ../nbs/03b_batch.ipynb #b3b0002c
 def greedy_alone(model, prompt:list, caches:list, max_tokens:int, prefill_step_size:int=2048)->list:
@@ -529,7 +502,7 @@ def check_batch_layer(layer:BatchEvictingCache):
         P = layer._packed[2][b] if layer._packed is not None else (r.positions[0] if r.positions is not None else None)
         if P is None: continue
         held = P[:, :r.count].tolist()
-        over = not r.deferring and r.budget is not None and r.count > r.budget
+        over = not r.stats["deferring"] and r.budget is not None and r.count > r.budget
         assert not over, f"row {b}: {r.count} tokens over its budget {r.budget}"
         for h, row in enumerate(held):
             assert len(set(row)) == len(row), f"row {b} head {h}: duplicate positions {row}"

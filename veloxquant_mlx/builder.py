@@ -8,8 +8,7 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache
-import veloxquant_mlx.cache as _cache_module
-from .cache import EvictingCache, install_attention_hook, COMPRESS
+from .cache import EvictingCache, install_attention_hook, COMPRESS, fit
 from .coordinator import Uniform, Pyramid, Squeeze, KVFraction, WindowSplit
 from .planner import KVPlan, WeightedFraction
 from .methods import METHODS, SCORE, SIGNAL
@@ -19,9 +18,8 @@ from .storage import make_storage, check_kv_format, bf16_nbytes
 
 # %% auto #0
 __all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'SCHEDULES', 'DEFAULT_FRACTION', 'RECOMMENDED', 'KVCacheConfig',
-           'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks', 'remove_hidden_signal_hooks',
-           'KVCacheBuilder', 'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits',
-           'greedy', 'record_attention']
+           'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks', 'KVCacheBuilder', 'coordinator_of',
+           'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits', 'greedy', 'record_attention']
 
 # %% ../nbs/05_builder.ipynb #33749bd8
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
@@ -76,14 +74,14 @@ class KVCacheConfig:
         self.layer_schedule                                                     # validates the schedule's parameters
         policy = self.policy if "obs_window" in given else self.policy.fitted(self.budget, self.n_sink)  # defaults fit
         _check_int("slack", self.slack, 0, self.budget - self.n_sink - 1)
-        slack = max(0, min(self.slack, self.budget - self.n_sink - max(self.n_recent + 1, policy.obs_window)))  # fits
+        slack = fit(policy, self.budget, self.n_sink, self.n_recent, self.slack)[2]                           # fits
         EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent, slack=slack)       # validates
 
     def _check_split(self):
         "The windowed layers' own budget and method, if given, must make sense."
         if self.window_budget is not None: _check_int("window_budget", self.window_budget, self.n_sink + 1)
         wm = self.window_method
-        ok = tuple(m for m, e in METHODS.items() if not e.baseline and e.preset != "SqueezeAttentionCache")
+        ok = tuple(m for m, e in METHODS.items() if not e.baseline and not e.schedule(e.resolve({})).measures)
         if wm is not None and wm not in ok:
             raise ValueError(f"`window_method` must be one of {ok}, got {wm!r}")
         if self.schedule not in (None, *SCHEDULES):
@@ -254,35 +252,23 @@ def recommended_config(kv_fraction:float|None=None, # share of the full cache's 
     return KVCacheConfig(method=method, budget=budget, kv_fraction=kv_fraction, **fields)
 
 # %% ../nbs/05_builder.ipynb #c9297109
-def _layer(cls, **kwargs)->EvictingCache:
-    "A layer of class `cls` (`EvictingCache` or one of its presets) built from `EvictingCache`'s own arguments."
-    obj = cls.__new__(cls)
-    EvictingCache.__init__(obj, **kwargs)
-    return obj
-
-def _layer_args(config:KVCacheConfig, budget:int|None, window:int|None, unpacked:bool=False)->dict:
-    "The arguments every layer of `config` shares, fitted to a layer of `budget` tokens."
-    policy = config.policy if window is None else config.window_policy
-    s, r, slack = config.n_sink, config.n_recent, config.slack
-    if budget is not None:
-        policy, r = policy.fitted(budget, s), min(r, budget - s - 1)
-        slack = max(0, min(slack, budget - s - max(r + 1, policy.obs_window)))
+def _layer(config:KVCacheConfig, budget:int|None, window:int|None, unpacked:bool=False, **kwargs)->EvictingCache:
+    "One layer of `config` from its method's `layer` (the windowed layers' own method if named), fitted to `budget`."
+    entry = METHODS[config.window_method] if window is not None and config.window_method else config.entry
+    policy, r, slack = config.policy if window is None else config.window_policy, config.n_recent, config.slack
+    if budget is not None: policy, r, slack = fit(policy, budget, config.n_sink, r, slack)
     if policy.needs_queries: install_attention_hook()             # real-query scores arrive through the hook
-    method = config.window_method if window is not None and config.window_method else config.method
-    return dict(budget=budget, n_sink=s, window=window, policy=policy, recent=r, compress=config.compress, slack=slack,
-                method=method, info={"avg_budget": config.budget, **config.params},
-                storage=make_storage(None) if unpacked else config.storage(window is not None))
+    storage = make_storage(None) if unpacked else config.storage(window is not None)
+    return entry.layer(budget, config.n_sink, window, policy=policy, recent=r, compress=config.compress, slack=slack,
+                       info={"avg_budget": config.budget, **config.params}, storage=storage, **kwargs)
 
-def _layer_class(config:KVCacheConfig)->type:
-    m = config.entry
-    return getattr(_cache_module, m.preset) if m.preset else EvictingCache
-
+# %% ../nbs/05_builder.ipynb #5bf7d615
 class KVCacheFactory:
     "Makes one layer's cache from a config (no layer context: the average budget, uniform)."
     @staticmethod
     def create(config:KVCacheConfig, # the method and its budget
                window:int|None=None): # the layer's sliding window, if any
-        "A single cache at the config's (average) budget."
+        "A single cache at the config's (average) budget (a measuring method's layer still measures the prompt)."
         if config.entry.baseline:
             raise ValueError(f"method {config.method!r} is a baseline that builds a whole model's caches: "
                              "use KVCacheBuilder.for_model")
@@ -290,7 +276,7 @@ class KVCacheFactory:
             raise ValueError("KVCacheFactory.create needs `budget` in tokens: `kv_fraction` is shared among a model's "
                              "layers by KVCacheBuilder.for_model")
         b = config.budget if window is None else min(config.budget, window)
-        return _layer(_layer_class(config), measure=config.method == "squeeze", **_layer_args(config, b, window))
+        return _layer(config, b, window, measure=config.entry.schedule(config.params).measures)
 
 # %% ../nbs/05_builder.ipynb #fdafc422
 def _base_caches(model):
@@ -329,6 +315,8 @@ def _hidden_cosine(x, r)->float:
     den = mx.sqrt((a * a).sum(-1) * (b * b).sum(-1))
     return float(mx.where(den > 0, num / mx.maximum(den, 1e-30), 1.0).mean().item())
 
+_HIDDEN_IN = {}  # id(cache) -> (block, hidden state in): from a block's call to its attention's
+
 def install_hidden_signal_hooks(model, layer_ids=None):
     "Let SqueezeAttention caches measure the hidden-state cosine around their layer's self-attention (idempotent)."
     layers = getattr(getattr(model, "model", model), "layers", None) or getattr(model, "layers", None)
@@ -348,31 +336,20 @@ def install_hidden_signal_hooks(model, layer_ids=None):
             if kind == "block":
                 def call(self, x, *args, _orig=orig, **kwargs):
                     c = _cache_arg(args, kwargs)
-                    if getattr(c, "wants_hidden", False): c._hidden_in = (self, x)
+                    if hasattr(c, "report_hidden"): _HIDDEN_IN[id(c)] = (self, x)
                     return _orig(self, x, *args, **kwargs)
             else:
                 def call(self, x, *args, _orig=orig, **kwargs):
                     out = _orig(self, x, *args, **kwargs)
                     c = _cache_arg(args, kwargs)
-                    if getattr(c, "wants_hidden", False) and getattr(c, "_hidden_in", None) is not None:
-                        blk, h = c._hidden_in
-                        c._hidden_in = None
+                    blk, h = _HIDDEN_IN.pop(id(c), (None, None))
+                    if blk is not None:
                         r = blk.post_attention_layernorm(out) if hasattr(blk, "pre_feedforward_layernorm") else out
                         import veloxquant_mlx.builder as package   # the package's copy, whichever copy patched
-                        if hasattr(c, "report_hidden_rows"): c.report_hidden_rows(h, r, package._hidden_cosine)
-                        else: c.report_hidden(package._hidden_cosine(h, r))     # one sequence
+                        c.report_hidden(h, r, package._hidden_cosine)     # measured if its schedule waits for it
                     return out
             cls._veloxquant_orig_call = orig
             cls.__call__ = call
-
-def remove_hidden_signal_hooks(model):
-    "Restore the original `__call__` of `model`'s block and attention classes."
-    layers = getattr(getattr(model, "model", model), "layers", None) or getattr(model, "layers", None) or []
-    for block in layers:
-        for cls in {type(block), type(getattr(block, _attn_name(block) or "", None))}:
-            if "_veloxquant_orig_call" in cls.__dict__:
-                cls.__call__ = cls._veloxquant_orig_call
-                del cls._veloxquant_orig_call
 
 # %% ../nbs/05_builder.ipynb #c2655cdf
 class KVCacheBuilder:
@@ -402,8 +379,7 @@ class KVCacheBuilder:
         budgets = [None] * len(slots) if co is not None else plan
         caches = list(base)
         for j, ((i, w), b) in enumerate(zip(slots, budgets)):
-            cls = EvictingCache if w is not None and config.window_method else _layer_class(config)
-            caches[i] = _layer(cls, coordinator=co, layer_idx=j, **_layer_args(config, b, w, unpacked))
+            caches[i] = _layer(config, b, w, unpacked, coordinator=co, layer_idx=j)
         install_attention_hook()
         return caches
 
@@ -418,28 +394,32 @@ def coordinator_of(caches):
     "The SqueezeCoordinator shared by `caches`, or None."
     return next((c.coordinator for c in caches if getattr(c, "coordinator", None) is not None), None)
 
+def _facts(c)->dict:
+    "What a layer reports: an `EvictingCache` its spec and stats; any other cache (a batch, mlx-lm's) what it has."
+    if isinstance(c, EvictingCache):
+        st = c.stats
+        return dict(method=c.spec.method, budget=c.budget, tokens_kept=c.count, concentration=st["concentration"],
+                    hidden_cosine=st["hidden_cosine"], window=c.spec.window)
+    kept = getattr(c, "tokens_kept", None)
+    return dict(method=None, budget=getattr(c, "layer_budget", None), concentration=None, hidden_cosine=None,
+                tokens_kept=kept if kept is not None else c.size() if hasattr(c, "size") else None,
+                window=getattr(c, "max_size", None))
+
+# %% ../nbs/05_builder.ipynb #50dcec0b
 def cache_summary(caches)->list:
     "One dict per cache slot: kind, method, bits, budget, tokens kept, concentration, hidden cosine, KV bytes, window."
     rows = []
     for i, c in enumerate(caches):
-        kept = getattr(c, "tokens_kept", None)
-        if kept is None: kept = c.size() if hasattr(c, "size") else None
         try: nb = c.nbytes
         except Exception: nb = None
-        store = getattr(c, "store", None)
-        rows.append(dict(layer=i, kind=type(c).__name__, method=getattr(c, "method", None),
-                         bits=getattr(store, "bits", None),
-                         budget=getattr(c, "layer_budget", None), tokens_kept=kept, offset=getattr(c, "offset", None),
-                         concentration=getattr(c, "concentration", None),
-                         hidden_cosine=getattr(c, "hidden_cosine", None),
-                         window=getattr(c, "window", getattr(c, "max_size", None)), nbytes=nb,
+        rows.append(dict(layer=i, kind=type(c).__name__, bits=getattr(getattr(c, "store", None), "bits", None),
+                         offset=getattr(c, "offset", None), nbytes=nb, **_facts(c),
                          nbytes_bf16=kv_nbytes_bf16(c) if nb is not None else None))
     return rows
 
 def kv_nbytes_bf16(cache)->int|None:
     "KV bytes of any cache as held on Apple silicon: floating arrays at 2 bytes per element, packed integers as is."
-    nb = getattr(cache, "nbytes_bf16", None)
-    if nb is not None: return nb
+    if isinstance(cache, EvictingCache): return cache.store.nbytes_bf16
     if not hasattr(cache, "keys"): return None
     return bf16_nbytes((cache.keys, cache.values))
 
@@ -495,7 +475,7 @@ def record_attention(caches):
             positions = _c._attn_pos                                   # read before the layer trims
             out = _orig(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
             N = queries.shape[2]
-            log.append((queries, keys, values, positions, mx.arange(_c.offset - N, _c.offset), scale, _c.window, out))
+            log.append((queries, keys, values, positions, mx.arange(_c.offset - N, _c.offset), scale, _c.spec.window, out))
             return out
         c.attention = rec
     return log

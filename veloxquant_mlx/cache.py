@@ -4,7 +4,8 @@
 
 # %% ../nbs/03_cache.ipynb #918cd090
 from __future__ import annotations
-import json, math
+import copy, json, math
+from dataclasses import dataclass, field, fields, replace
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
 import mlx_lm.models.cache as mlx_cache
@@ -18,19 +19,43 @@ from .storage import Storage, FloatStorage, storage_from_meta
 from .coordinator import Coordinator
 
 # %% auto #0
-__all__ = ['COMPRESS', 'SCORES', 'EvictingCache', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
-           'dense_attention_reference', 'policy_for_score', 'H2OCache', 'PyramidKVCache', 'SnapKVCache',
-           'SqueezeAttentionCache']
+__all__ = ['COMPRESS', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'fit', 'EvictingCache', 'advance', 'install_attention_hook',
+           'remove_attention_hook', 'hook_installed', 'dense_attention_reference', 'hand_over', 'take_back', 'steady',
+           'held_arrays', 'copy_layer', 'policy_for_score']
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
 _GROW_STEP = 256  # buffers grow in steps of this many tokens (as mlx-lm's KVCache), never beyond the budget
 COMPRESS = ("chunk", "prompt_end")  # when a layer chooses what to keep
 
+# %% ../nbs/03_cache.ipynb #c9e2f1a8
+@dataclass(frozen=True)
+class LayerSpec:
+    "A layer's settings in force: sinks, window, protected newest tokens, slack, when it chooses, its place, its name."
+    n_sink:int = 4 # the first n_sink positions are never evicted (while inside the window)
+    window:int|None = None # the layer's sliding window (Gemma 3 local layers), None for global attention
+    recent:int = 0 # the newest `recent` tokens are never evicted (H2O's local window)
+    slack:int = 0 # a choice keeps `budget - slack`: the next `slack` tokens fill the rest, evicting nothing
+    compress:str = "chunk" # "chunk" (after every forward pass) or "prompt_end" (once the prompt is read)
+    layer_idx:int = 0 # this layer's index among the coordinated layers
+    method:str|None = None # the registry name this layer was built for (reports and saved states)
+    info:dict = field(default_factory=dict, compare=False) # facts about the layer's schedule (e.g. PyramidKV's beta)
+
+# %% ../nbs/03_cache.ipynb #d5b9c0b8
+def fit(policy:Policy, # the layer's policy
+        budget:int, # the budget it must live in
+        n_sink:int, # its sinks
+        recent:int, # the protected newest tokens asked for
+        slack:int, # the slack asked for
+)->tuple:
+    "The (policy, recent, slack) a layer of `budget` tokens can keep."
+    policy = policy.fitted(budget, n_sink)
+    recent = max(0, min(recent, budget - n_sink - 1))
+    return policy, recent, max(0, min(slack, budget - n_sink - max(recent + 1, policy.obs_window)))
+
 # %% ../nbs/03_cache.ipynb #23c00af3
 class EvictingCache(_BaseCache):
     "One attention layer's KV cache holding at most `budget` tokens; its `policy` chooses which."
-    method = None # the registry name of a preset class (None: recorded per instance)
     _veloxquant_evicting = True # what the attention hook looks for (duck-typed: every copy of the class is recognised)
 
     def __init__(self,
@@ -47,114 +72,112 @@ class EvictingCache(_BaseCache):
                  measure:bool=False, # measure the first chunk's key concentration even without a coordinator
                  info:dict|None=None, # facts about the layer's schedule to record (e.g. PyramidKV's beta)
                  storage:Storage|None=None): # how kept keys and values are held (default: the model's dtype)
-        _check_int("n_sink", n_sink, 0)
-        if window is not None: _check_int("window", window, 1)
-        if compress not in COMPRESS: raise ValueError(f"`compress` must be one of {COMPRESS}, got {compress!r}")
-        if policy is None: policy = KeyProxy()
-        if not isinstance(policy, Policy): raise TypeError(f"`policy` must be a Policy, got {type(policy).__name__}")
-        self.n_sink, self.window, self.policy, self.compress = n_sink, window, policy, compress
-        self.recent = self._recent_asked = _check_int("recent", recent, 0)
-        self.slack = self._slack_asked = _check_int("slack", slack, 0)
-        self.method = method or type(self).method or policy.name
-        self.layer_idx, self.coordinator = layer_idx, coordinator
-        if coordinator is not None and not isinstance(coordinator, Coordinator):
-            raise TypeError(f"`coordinator` must be a Coordinator, got {type(coordinator).__name__}")
+        self.policy, self.coordinator, self.store = _plugged(policy, coordinator, storage)
+        self.spec = _spec(n_sink, window, recent, compress, slack, layer_idx, method or self.policy.name, info)
+        self._asked = (recent, slack)                          # what a schedule's budget may shrink, and from what
         self._measure = measure or (coordinator is not None and coordinator.signal is not None)   # measuring the prompt
-        self.info = dict(info or {})
-        if storage is not None and not isinstance(storage, Storage):
-            raise TypeError(f"`storage` must be a Storage, got {type(storage).__name__}")
-        self.store = storage if storage is not None else FloatStorage()
         self.budget = None
         if budget is not None: self._set_budget(budget)
         self.reset()
         if coordinator is not None: coordinator.register(layer_idx, self)
 
-    @property
-    def layer_budget(self):
-        "The most tokens this layer may hold."
-        return self.budget
+# %% ../nbs/03_cache.ipynb #ac1fc0f4
+def _plugged(policy, coordinator, storage)->tuple:
+    "The (policy, coordinator, storage) a layer is built with, each checked against its declared base class."
+    policy = KeyProxy() if policy is None else policy
+    storage = FloatStorage() if storage is None else storage
+    for name, obj, base in (("policy", policy, Policy), ("coordinator", coordinator, Coordinator),
+                            ("storage", storage, Storage)):
+        if obj is not None and not isinstance(obj, base):
+            raise TypeError(f"`{name}` must be a {base.__name__}, got {type(obj).__name__}")
+    return policy, coordinator, storage
 
-    @property
-    def tokens_kept(self):
-        "Tokens held now."
-        return self.count
-
-    @property
-    def deferring(self)->bool:
-        "True while a `prompt_end` layer is still reading its prompt (nothing is chosen yet)."
-        return self.compress == "prompt_end" and not self._prompt_done
-
-    def size(self):
-        "Tokens held (mlx-lm's name for it)."
-        return self.count
-
-    def empty(self):
-        "True before the first token."
-        return self.store.empty()
+# %% ../nbs/03_cache.ipynb #c3f8a7ca
+def _spec(n_sink, window, recent, compress, slack, layer_idx, method, info)->LayerSpec:
+    "A `LayerSpec`, each setting checked (its name, its value and the allowed range)."
+    _check_int("n_sink", n_sink, 0)
+    if window is not None: _check_int("window", window, 1)
+    if compress not in COMPRESS: raise ValueError(f"`compress` must be one of {COMPRESS}, got {compress!r}")
+    return LayerSpec(n_sink, window, _check_int("recent", recent, 0), _check_int("slack", slack, 0), compress,
+                     layer_idx, method, dict(info or {}))
 
 # %% ../nbs/03_cache.ipynb #f3cca9eb
 @patch
 def _set_budget(self:EvictingCache, budget:int):
     "Validate and adopt `budget` as given (the recent tokens and the observation window must fit beside the sinks)."
-    _check_int("budget", budget, self.n_sink + 1, self.window)
-    w, keep = self.policy.obs_window, budget - self.slack
-    room = f"the budget {budget}" + (f" minus `slack` = {keep}" if self.slack else "")
-    if w > 1 and self.n_sink + w > keep:
-        raise ValueError(f"`obs_window` + `n_sink` = {self.n_sink + w} must be <= {room}: "
+    s = self.spec
+    _check_int("budget", budget, s.n_sink + 1, s.window)
+    w, keep = self.policy.obs_window, budget - s.slack
+    room = f"the budget {budget}" + (f" minus `slack` = {keep}" if s.slack else "")
+    if w > 1 and s.n_sink + w > keep:
+        raise ValueError(f"`obs_window` + `n_sink` = {s.n_sink + w} must be <= {room}: "
                          "SnapKV always keeps its observation window")
-    if self.n_sink + self.recent + 1 > keep:
-        raise ValueError(f"`n_sink` + `recent` + 1 = {self.n_sink + self.recent + 1} must be <= {room}: "
+    if s.n_sink + s.recent + 1 > keep:
+        raise ValueError(f"`n_sink` + `recent` + 1 = {s.n_sink + s.recent + 1} must be <= {room}: "
                          "a decode step needs one evictable slot")
     self.budget = budget
 
 # %% ../nbs/03_cache.ipynb #97eb4071
 @patch
-def adopt_budget(self:EvictingCache, budget:int):
-    "Take a budget from a schedule and trim what is held to it by the policy (the recent window shrinks to fit)."
-    self.recent = max(0, min(self._recent_asked, budget - self.n_sink - 1))
-    self.policy = self.policy.fitted(budget, self.n_sink)
-    self.slack = max(0, min(self._slack_asked, budget - self.n_sink - max(self.recent + 1, self.policy.obs_window)))
+def adopt_budget(self:EvictingCache, budget:int|None):
+    "Take a budget from a schedule (None: none until it decides) and trim what is held to it by the policy."
+    if budget is None: self.budget = None; return
+    self.policy, recent, slack = fit(self.policy, budget, self.spec.n_sink, *self._asked)
+    self.spec = replace(self.spec, recent=recent, slack=slack)
     self._set_budget(budget)
     if not self._pending and self._select_due(): self._select(self.offset)
 
 # %% ../nbs/03_cache.ipynb #58af13bf
 @patch
-def reset(self:EvictingCache, **budget):
-    "Forget the prompt: empty the layer (a new prompt starts at position 0); `budget=` also sets a new budget."
-    self.positions = self.scores = None
+def reset(self:EvictingCache):
+    "Forget the prompt: empty the layer (a new prompt starts at position 0); the budget stays."
+    self.positions = self._scores = None
     self.store.reset()
-    self.offset, self.count, self.evicted, self._prompt_done = 0, 0, False, False
+    self.offset, self.count, self._evicted, self._prompt_done = 0, 0, False, False
     self._attn_pos, self._pending, self._prompt_end, self._obs_q = None, False, False, None
     self._contiguous = True                             # held positions still a contiguous run (nothing chosen)
-    self.concentration = self.hidden_cosine = None
-    if "budget" in budget:
-        b = budget.pop("budget")
-        if b is None: self.budget = None
-        else: self.adopt_budget(b)
-    if budget: raise TypeError(f"reset() takes only `budget=`, got {sorted(budget)}")
+    self._concentration = self._hidden_cosine = None
+
+@patch(as_prop=True)
+def _deferring(self:EvictingCache)->bool:
+    "True while a `prompt_end` layer is still reading its prompt (nothing is chosen yet)."
+    return self.spec.compress == "prompt_end" and not self._prompt_done
+
+# %% ../nbs/03_cache.ipynb #d0c54f24
+@patch
+def size(self:EvictingCache)->int:
+    "Tokens held (mlx-lm's name for `count`)."
+    return self.count
+
+@patch
+def empty(self:EvictingCache)->bool:
+    "True before the first token."
+    return self.store.empty()
+
+# %% ../nbs/03_cache.ipynb #60b0f485
+@patch(as_prop=True)
+def stats(self:EvictingCache)->dict:
+    "What the layer holds and has measured: tokens, budget, evicted, deferring, signals, bytes."
+    co, i = self.coordinator, self.spec.layer_idx
+    conc = co.reports.get(i, self._concentration) if co is not None and co.signal == "key_dispersion" else \
+        self._concentration                                   # a schedule's reported value (e.g. averaged over ranks)
+    over = 0 if self.store.empty() else self.positions.nbytes + self._scores.nbytes
+    return dict(count=self.count, budget=self.budget, evicted=self._evicted, deferring=self._deferring,
+                concentration=conc, hidden_cosine=self._hidden_cosine, nbytes=self.store.nbytes,
+                nbytes_bf16=self.store.nbytes_bf16, overhead_nbytes=over)
 
 # %% ../nbs/03_cache.ipynb #5a0e7c02
-@patch(as_prop=True)
-def keys(self:EvictingCache):
-    "The stored keys: the float buffer, or a quantized storage's arrays (a tuple); None when empty."
-    return None if self.store.empty() else self.store.arrays()[0]
-
-@patch(as_prop=True)
-def values(self:EvictingCache):
-    "The stored values, as `keys`."
-    return None if self.store.empty() else self.store.arrays()[1]
-
 @patch
 def _settle(self:EvictingCache):
     "The forward pass is over and the layer has chosen: the storage stores what is held in its lasting form."
-    if not self.deferring: self.store.settle()
+    if not self._deferring: self.store.settle()
 
 # %% ../nbs/03_cache.ipynb #87ea9ef3
 @patch
 def _on_keys(self:EvictingCache, new_keys, qpos, sign:float=1.0):
     "The policy's phase for keys `[B, H, Q, D]` at `qpos` arriving (`sign=-1`: taken back); the storage gives the mass."
-    mass = lambda: self.store.key_mass(self.positions, new_keys, qpos, self.window, self.count)
-    self.scores = self.policy.on_keys(self.scores, mass if sign > 0 else lambda: -mass())
+    mass = lambda: self.store.key_mass(self.positions, new_keys, qpos, self.spec.window, self.count)
+    self._scores = self.policy.on_keys(self._scores, mass if sign > 0 else lambda: -mass())
 
 @patch
 def _check_hook(self:EvictingCache):
@@ -188,7 +211,7 @@ def update_and_fetch(self:EvictingCache, keys, values):
                            "(KVCacheBuilder.for_model does)")
     N, start = keys.shape[2], self.offset
     self._before_update(keys)
-    self._prompt_end = self.deferring and N == 1          # the first one-token pass ends a prompt
+    self._prompt_end = self._deferring and N == 1          # the first one-token pass ends a prompt
     if self._prompt_end: self._end_of_prompt(start + 1)
     self.offset += N
     if N == 1 and not self.store.empty():
@@ -201,10 +224,10 @@ def update_and_fetch(self:EvictingCache, keys, values):
 @patch
 def _before_update(self:EvictingCache, keys):
     "Measure the first chunk's key concentration once, and report it to a schedule that waits for it."
-    if self.concentration is not None or not self._measure: return
-    self.concentration = layer_concentration(keys)          # one host sync per layer, once per prompt
+    if self._concentration is not None or not self._measure: return
+    self._concentration = layer_concentration(keys)          # one host sync per layer, once per prompt
     co = self.coordinator
-    if co is not None and co.signal == "key_dispersion": co.report(self.layer_idx, self.concentration)
+    if co is not None and co.signal == "key_dispersion": co.report(self.spec.layer_idx, self._concentration)
 
 # %% ../nbs/03_cache.ipynb #1232b873
 @patch
@@ -219,30 +242,29 @@ def _grow(self:EvictingCache, n_new:int):
         return mx.concatenate([a[:, :, :self.count], mx.full((B, H, new_cap - self.count, *tail), fill, dt)], axis=2)
     self.store.grow(self.count, new_cap)
     self.positions = pad(self.positions, _EMPTY_POS, mx.int32)
-    self.scores = pad(self.scores, 0, mx.float32)
+    self._scores = pad(self._scores, 0, mx.float32)
 
 # %% ../nbs/03_cache.ipynb #04f4d761
 @patch
 def _update_decode(self:EvictingCache, keys, values, start:int, room:bool):
     "One token: `decode_step` with B = 1 (its free slot while there is room, else its victim's); the held tokens."
     if room: self._grow(1)
-    self.positions, self.scores = decode_step(self.store, self.positions, self.scores, keys, values,
+    self.positions, self._scores = decode_step(self.store, self.positions, self._scores, keys, values,
                                               mx.array([start], mx.int32), [self.count], [room], self.policy,
-                                              self.n_sink, self.window, self.recent)
-    self.advance(0, room, not room)                      # `update_and_fetch` has counted the token seen
+                                              self.spec.n_sink, self.spec.window, self.spec.recent)
+    advance(self, 0, room, not room)                      # `update_and_fetch` has counted the token seen
     self._attn_pos = self.positions[:, :, :self.count] if self.count < self.positions.shape[2] else self.positions
     kv = self.store.view(self.count)
     if room: self._settle()
     return kv
 
 # %% ../nbs/03_cache.ipynb #b75b21af
-@patch
-def advance(self:EvictingCache, seen:int=1, # tokens more seen (the offset)
+def advance(cache:EvictingCache, seen:int=1, # tokens more seen (the offset)
             grew:bool=False, # one more token held (it took a free slot)
             evicted:bool=False): # a held token gave up its slot
     "Count a decoding step (one of a batch's vectorised steps too: the batch holds the arrays, the row counts)."
-    self.offset, self.count = self.offset + seen, self.count + int(grew)
-    if evicted: self.evicted, self._contiguous = True, False
+    cache.offset, cache.count = cache.offset + seen, cache.count + int(grew)
+    if evicted: cache._evicted, cache._contiguous = True, False
 
 # %% ../nbs/03_cache.ipynb #dde5fb2f
 @patch
@@ -250,12 +272,12 @@ def _held(self:EvictingCache, start:int):
     "The held (positions, scores), the storage cut to match; a windowed prompt_end layer drops what start can't see."
     if self.store.empty(): return None
     drop = 0
-    if self.window is not None and self.compress == "prompt_end" and self._contiguous:   # positions start..start-count
-        drop = max(0, self.count - (self.window - 1))
-        if drop: self.evicted = True
+    if self.spec.window is not None and self.spec.compress == "prompt_end" and self._contiguous:   # positions start..start-count
+        drop = max(0, self.count - (self.spec.window - 1))
+        if drop: self._evicted = True
     order = self.store.drop_front(drop, self.count)
-    if order is None: return tuple(a[:, :, drop:self.count] for a in (self.positions, self.scores))
-    return tuple(mx.take_along_axis(a[:, :, :self.count], order, axis=2) for a in (self.positions, self.scores))
+    if order is None: return tuple(a[:, :, drop:self.count] for a in (self.positions, self._scores))
+    return tuple(mx.take_along_axis(a[:, :, :self.count], order, axis=2) for a in (self.positions, self._scores))
 
 # %% ../nbs/03_cache.ipynb #8eb7384c
 @patch
@@ -267,7 +289,7 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     held = self._held(start)
     if held is not None: cand = [mx.concatenate([h, c], axis=2) for h, c in zip(held, cand)]
     self.store.append(keys, values)
-    self.positions, self.scores = cand
+    self.positions, self._scores = cand
     self.count, self._attn_pos = cand[0].shape[2], cand[0]
     self._on_keys(keys, new_pos)
     kv = self.store.view(self.count)
@@ -280,24 +302,24 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
 @patch
 def _target(self:EvictingCache, decode:bool=False)->int:
     "Tokens a choice keeps: the budget after a decoding step, `budget - slack` after a chunk or a prompt's end."
-    return self.budget if decode else self.budget - self.slack
+    return self.budget if decode else self.budget - self.spec.slack
 
 @patch
 def _select_due(self:EvictingCache, decode:bool=False)->bool:
     "True when what is held must be cut now."
-    return self.budget is not None and not self.deferring and self.count > self._target(decode)
+    return self.budget is not None and not self._deferring and self.count > self._target(decode)
 
 # %% ../nbs/03_cache.ipynb #90607af1
 @patch
 def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     "Keep the tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
     n = self._target(decode)
-    view = View(self.scores[:, :, :self.count], self.positions[:, :, :self.count], next_pos)
-    idx, s = self.policy.keep(view, n, self.n_sink, self.window, self.recent)
+    view = View(self._scores[:, :, :self.count], self.positions[:, :, :self.count], next_pos)
+    idx, s = self.policy.keep(view, n, self.spec.n_sink, self.spec.window, self.spec.recent)
     order = self.store.keep(idx, self.count)             # the storage's slot order (the kept indices for floats)
     self.positions = mx.take_along_axis(self.positions[:, :, :self.count], order, axis=2)
-    self.scores = mx.take_along_axis(s, order, axis=2)
-    self.count, self.evicted, self._contiguous = n, True, False
+    self._scores = mx.take_along_axis(s, order, axis=2)
+    self.count, self._evicted, self._contiguous = n, True, False
     self._settle()
 
 # %% ../nbs/03_cache.ipynb #0e36d4e5
@@ -312,13 +334,13 @@ def _end_of_prompt(self:EvictingCache, n_tokens:int):
 @patch
 def end_prompt(self:EvictingCache):
     "End the prompt now: measure the observation window if the policy has one, and keep the budget."
-    if self.store.empty() or not self.deferring: return
+    if self.store.empty() or not self._deferring: return
     self._end_of_prompt(self.offset)
     if self.policy.obs_window and self._obs_q is not None:
         q, qpos, scale = self._obs_q
         keys = self.store.view(self.count)[0]
-        obs = self.store.query_mass(q, keys, self.positions[:, :, :self.count], qpos, scale, self.window)
-        self.scores = self.policy.on_window(self.scores[:, :, :self.count], lambda: obs)
+        obs = self.store.query_mass(q, keys, self.positions[:, :, :self.count], qpos, scale, self.spec.window)
+        self._scores = self.policy.on_window(self._scores[:, :, :self.count], lambda: obs)
     elif self.policy.obs_window: raise RuntimeError("end_prompt(): no queries seen yet (the attention hook is needed)")
     if self._select_due(): self._select(self.offset)
     else: self._settle()                                   # nothing to cut: the storage still packs what it holds
@@ -327,7 +349,7 @@ def end_prompt(self:EvictingCache):
 @patch
 def make_mask(self:EvictingCache, N:int, window_size:int|None=None, return_array:bool=False):
     "The mask mlx-lm shares across layers: None for one token, 'causal' for a chunk (right for every layer of ours)."
-    if self.window is not None and N > 1 and not hook_installed():
+    if self.spec.window is not None and N > 1 and not hook_installed():
         raise RuntimeError("a sliding-window layer of ours needs its own mask: install the attention hook "
                            "(veloxquant_mlx.cache.install_attention_hook(), done by KVCacheBuilder.for_model)")
     if N == 1: return None
@@ -384,8 +406,8 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
 @patch
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
     "The storage's attention with this layer's mask (no window to apply while one query sees every held token)."
-    seen = self.window is None or (queries.shape[2] == 1 and self._contiguous and self.count <= self.window)
-    window = None if seen else self.window
+    seen = self.spec.window is None or (queries.shape[2] == 1 and self._contiguous and self.count <= self.spec.window)
+    window = None if seen else self.spec.window
     return self.store.attention(queries, keys, values, self._attn_pos, qpos, scale, window, sinks)
 
 # %% ../nbs/03_cache.ipynb #3657e581
@@ -395,16 +417,16 @@ def _query_mass(self:EvictingCache, got:dict, queries, keys, values, qpos, scale
     if sinks is not None:
         raise NotImplementedError(f"policy {self.policy.name!r} does not support models with attention sinks; "
                                   "use 'key_proxy'")
-    args = (self._attn_pos, qpos, scale, self.window)
+    args = (self._attn_pos, qpos, scale, self.spec.window)
     if output: got["out"], m = self.store.attention_with_mass(queries, keys, values, *args)
     else: got["out"], m = None, self.store.query_mass(queries, keys, *args)
-    return self._add_scores(self.scores, m)
+    return self._add_scores(self._scores, m)
 
 @patch
 def _window_mass(self:EvictingCache, keys, scale):
     "The mass the remembered observation queries give each held token."
     q, oqpos, _ = self._obs_q
-    return self._add_scores(self.scores, self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.window))
+    return self._add_scores(self._scores, self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.spec.window))
 
 # %% ../nbs/03_cache.ipynb #ff131426
 @patch
@@ -423,13 +445,13 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     qpos = mx.arange(self.offset - N, self.offset, dtype=mx.int32)
     decode = N == 1 and not self._prompt_end
     due = self._pending and self._select_due(decode)
-    choosing = due or self._prompt_end or (N > 1 and not self.deferring)
+    choosing = due or self._prompt_end or (N > 1 and not self._deferring)
     self._remember(queries, qpos, scale)
     got = {}                                              # the output, if the policy's mass brought it
     mass = lambda: self._query_mass(got, queries, keys, values, qpos, scale, sinks, output)
-    self.scores = p.on_queries(self.scores, mass, N == 1 and not choosing)
+    self._scores = p.on_queries(self._scores, mass, N == 1 and not choosing)
     if "out" not in got and output: got["out"] = self._plain_attention(queries, keys, values, scale, sinks, qpos)
-    if choosing: self.scores = p.on_window(self.scores, lambda: self._window_mass(keys, scale))
+    if choosing: self._scores = p.on_window(self._scores, lambda: self._window_mass(keys, scale))
     self._prompt_end = False
     if self._pending:
         self._pending = False
@@ -448,17 +470,16 @@ def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, 
     return mx.softmax(logits, axis=-1, precise=True) @ v
 
 # %% ../nbs/03_cache.ipynb #c2719491
-_META_FIELDS = ("method", "budget", "n_sink", "window", "offset", "count", "evicted", "recent", "slack", "compress",
-                "prompt_done", "layer_idx", "concentration", "hidden_cosine")
-_attr = lambda f: "_prompt_done" if f == "prompt_done" else f   # the saved key, and the attribute holding it
+_SPEC_SAVED = ("method", "n_sink", "window", "recent", "slack", "compress", "layer_idx")   # saved under these keys
+_STATE_SAVED = ("budget", "offset", "count", "evicted", "prompt_done", "concentration", "hidden_cosine")
+_attr = lambda f: f if f in ("budget", "offset", "count") else "_" + f   # the attribute holding a saved state field
 
 @patch
 def _meta(self:EvictingCache)->dict:
     "Everything but the arrays, as a JSON-able dict."
-    meta = {f: getattr(self, _attr(f)) for f in _META_FIELDS}
-    meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._recent_asked,
-                slack_asked=self._slack_asked, contiguous=self._contiguous,
-                measure=self._measure, info=self.info)
+    meta = {f: getattr(self.spec, f) for f in _SPEC_SAVED} | {f: getattr(self, _attr(f)) for f in _STATE_SAVED}
+    meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._asked[0],
+                slack_asked=self._asked[1], contiguous=self._contiguous, measure=self._measure, info=self.spec.info)
     if self._obs_q is not None: meta.update(obs_qpos=self._obs_q[1].tolist(), obs_scale=self._obs_q[2])
     if self.store.meta() is not None: meta.update(storage=self.store.meta())
     return meta
@@ -466,16 +487,12 @@ def _meta(self:EvictingCache)->dict:
 # %% ../nbs/03_cache.ipynb #cdb6330d
 @patch
 def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
-    "Restore from `meta` (checked: a state of another method, or an inconsistent one, is refused by name)."
-    if type(self).method is not None and meta.get("method") != type(self).method:
-        raise ValueError(f"state written by method {meta.get('method')!r} cannot be loaded into a "
-                         f"{type(self).__name__} ({type(self).method!r})")
-    for f in _META_FIELDS: setattr(self, _attr(f), meta[f])
+    "Restore from `meta` (checked: an inconsistent state is refused by name)."
+    self.spec = LayerSpec(**{f: meta[f] for f in _SPEC_SAVED}, info=meta["info"])
+    for f in _STATE_SAVED: setattr(self, _attr(f), meta[f])
     self.policy = make_policy(meta["policy"], **meta["policy_params"])
-    self._recent_asked, self._slack_asked = meta["recent_asked"], meta["slack_asked"]
-    self._measure, self.info = meta["measure"], meta["info"]
-    self.coordinator = None
-    self._attn_pos, self._pending, self._prompt_end = None, False, False
+    self._asked, self._measure = (meta["recent_asked"], meta["slack_asked"]), meta["measure"]
+    self.coordinator, self._attn_pos, self._pending, self._prompt_end = None, None, False, False
     self._contiguous = meta["contiguous"]
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
     self._check_meta()
@@ -484,14 +501,14 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
 @patch
 def _check_meta(self:EvictingCache):
     "A loaded state must be self-consistent, or it fails later deep inside MLX: check it here, naming the field."
-    _check_int("n_sink", self.n_sink, 0)
+    _check_int("n_sink", self.spec.n_sink, 0)
     _check_int("count", self.count, 0)
     _check_int("offset", self.offset, self.count)
-    if self.budget is not None: _check_int("budget", self.budget, self.n_sink + 1)
-    if self.budget is not None and self.count > self.budget and not self.deferring:
+    if self.budget is not None: _check_int("budget", self.budget, self.spec.n_sink + 1)
+    if self.budget is not None and self.count > self.budget and not self._deferring:
         raise ValueError(f"state holds count={self.count} tokens, more than its budget={self.budget}")
     self.store.check_count(self.count)
-    lengths = {*self.store.slot_lengths(), self.positions.shape[-1], self.scores.shape[-1]}
+    lengths = {*self.store.slot_lengths(), self.positions.shape[-1], self._scores.shape[-1]}
     if not self.store.empty() and len(lengths) > 1:
         raise ValueError("state arrays disagree in length: keys, values, positions and scores must have one slot each")
 
@@ -499,7 +516,7 @@ def _check_meta(self:EvictingCache):
 @patch(as_prop=True)
 def state(self:EvictingCache):
     "Keys, values, positions, scores (the observation queries while a prompt is read) and the metadata as JSON."
-    arrays = (*self.store.state(), self.positions, self.scores)
+    arrays = (*self.store.state(), self.positions, self._scores)
     if self._obs_q is not None: arrays += (self._obs_q[0],)
     return (*arrays, json.dumps(self._meta()))
 
@@ -513,7 +530,7 @@ def state(self:EvictingCache, v):
     meta = json.loads(meta)
     self.store = storage_from_meta(meta.get("storage"))
     if arrays[0] is not None: self.store.set_state(arrays[0], arrays[1], meta.get("storage"))
-    self.positions, self.scores = arrays[2:4]
+    self.positions, self._scores = arrays[2:4]
     self._set_meta(meta, arrays[4] if len(arrays) == 5 else None)
 
 # %% ../nbs/03_cache.ipynb #5e2af6e1
@@ -524,19 +541,8 @@ def meta_state(self:EvictingCache):
 
 @patch(as_prop=True)
 def nbytes(self:EvictingCache)->int:
-    "Bytes of the stored keys and values (positions and scores are in `overhead_nbytes`)."
+    "Bytes of the stored keys and values (positions and scores are in `stats['overhead_nbytes']`)."
     return self.store.nbytes
-
-@patch(as_prop=True)
-def nbytes_bf16(self:EvictingCache)->int:
-    "The same storage counted as held on Apple silicon: floating arrays at 2 bytes per element, packed data as is."
-    return self.store.nbytes_bf16
-
-# %% ../nbs/03_cache.ipynb #7f92f675
-@patch(as_prop=True)
-def overhead_nbytes(self:EvictingCache)->int:
-    "Bytes of the bookkeeping: positions (int32) and scores (float32)."
-    return 0 if self.store.empty() else self.positions.nbytes + self.scores.nbytes
 
 # %% ../nbs/03_cache.ipynb #79be4f1b
 @patch
@@ -548,7 +554,7 @@ def is_trimmable(self:EvictingCache)->bool:
 @patch
 def trim(self:EvictingCache, n:int)->int:
     "Drop the newest `n` tokens (only before any eviction); returns how many were dropped."
-    if self.evicted:
+    if self._evicted:
         raise ValueError(f"{type(self).__name__} has evicted tokens and cannot be trimmed: the tokens the newest ones "
                          "displaced are gone (speculative decoding and prompt-cache trimming need a budget that has "
                          "not filled)")
@@ -559,45 +565,65 @@ def trim(self:EvictingCache, n:int)->int:
         self._on_keys(self.store.key_rows(keep, self.count), mx.arange(keep, self.count, dtype=mx.int32), sign=-1)
     free = mx.arange(self.positions.shape[2]) >= keep
     self.positions = mx.where(free, _EMPTY_POS, self.positions)
-    self.scores = mx.where(free, 0.0, self.scores)
+    self._scores = mx.where(free, 0.0, self._scores)
     self.store.truncate(keep)
     self.count -= n
     self.offset -= n
     return n
 
 # %% ../nbs/03_cache.ipynb #512e1fb3
-@patch
-def hand_over(self:EvictingCache)->tuple:
+def hand_over(cache:EvictingCache)->tuple:
     "Give up the held arrays: ((keys, values, positions, scores) of the held slots, the remembered queries)."
-    k, v = self.store.view(self.count)
-    held = (k, v, self.positions[:, :, :self.count], self.scores[:, :, :self.count])
-    obs, self._obs_q, self.positions, self.scores = self._obs_q, None, None, None
-    self.store.reset()
+    k, v = cache.store.view(cache.count)
+    held = (k, v, cache.positions[:, :, :cache.count], cache._scores[:, :, :cache.count])
+    obs, cache._obs_q, cache.positions, cache._scores = cache._obs_q, None, None, None
+    cache.store.reset()
     return held, obs
 
 # %% ../nbs/03_cache.ipynb #b6bd28ad
-@patch
-def take_back(self:EvictingCache, held:tuple, # (keys, values, positions, scores)
+def take_back(cache:EvictingCache, held:tuple, # (keys, values, positions, scores)
               obs:tuple|None=None): # the remembered (queries, positions, scale), or None
     "Hold `held` and the remembered queries `obs` again (what `hand_over` gave, after a batch's steps)."
-    self.store.set_state(*held[:2])
-    self.positions, self.scores = held[2:]
-    self._obs_q = obs
+    cache.store.set_state(*held[:2])
+    cache.positions, cache._scores = held[2:]
+    cache._obs_q = obs
+
+def steady(cache:EvictingCache)->bool:
+    "True when a batch may step this row with the others: a budget, the prompt chosen, nothing pending, tokens held."
+    return cache.budget is not None and not cache._deferring and not cache._pending and cache.count > 0
+
+# %% ../nbs/03_cache.ipynb #b5ff2504
+def held_arrays(cache:EvictingCache)->list:
+    "Every array the layer holds (the storage's, flattened; positions; scores): what to evaluate, or to count."
+    flat = lambda a: [x for y in a for x in flat(y)] if isinstance(a, (tuple, list)) else [a]
+    return [a for a in flat((*cache.store.state(), cache.positions, cache._scores)) if a is not None]
+
+def _own_copy(obj):
+    "A shallow copy of `obj` (a storage) owning copies of its arrays, those in its tuples included."
+    own = lambda a: mx.array(a) if isinstance(a, mx.array) else tuple(map(own, a)) if isinstance(a, tuple) else a
+    new = copy.copy(obj)
+    for k, v in vars(obj).items(): setattr(new, k, own(v))
+    return new
+
+# %% ../nbs/03_cache.ipynb #a50300ab
+def copy_layer(cache:EvictingCache)->EvictingCache:
+    "An independent copy of a layer: its own arrays (in-place writes stay private), the same settings and schedule."
+    new = copy.copy(cache)
+    new.store = _own_copy(cache.store)
+    for name in ("positions", "_scores"):
+        a = getattr(cache, name)
+        if a is not None: setattr(new, name, mx.array(a))
+    return new
 
 # %% ../nbs/03_cache.ipynb #0325a391
-@patch(as_prop=True)
-def wants_hidden(self:EvictingCache)->bool:
-    "True while a schedule waits for this layer's hidden-state cosine (the SqueezeAttention paper's signal)."
-    co = self.coordinator
-    return co is not None and co.signal == "hidden_cosine" and self.hidden_cosine is None
-
 @patch
-def report_hidden(self:EvictingCache, cosine:float):
-    "Record the cosine of the hidden state before/after this layer's self-attention (first chunk) and report it."
-    if self.hidden_cosine is not None: return
-    self.hidden_cosine = cosine
+def report_hidden(self:EvictingCache, h, r, # the hidden states before and after self-attention `[B, S, d]`
+                  cosine): # the measure, `cosine(h, r)` -> float (the builder's)
+    "Measure the cosine around this layer's self-attention (first chunk) if a schedule waits for it, and report it."
     co = self.coordinator
-    if co is not None and co.signal == "hidden_cosine": co.report(self.layer_idx, cosine)
+    if co is None or co.signal != "hidden_cosine" or self._hidden_cosine is not None: return
+    self._hidden_cosine = cosine(h, r)
+    co.report(self.spec.layer_idx, self._hidden_cosine)
 
 # %% ../nbs/03_cache.ipynb #2573a7a8
 SCORES = ("key_proxy", "attention", "window")  # the token scores of the preset classes
@@ -611,87 +637,6 @@ def policy_for_score(score:str, # one of `SCORES`
     if score == "attention": return CumulativeAttention()
     return ObservationWindow(obs_window=_check_int("obs_window", obs_window, 1))
 
-# %% ../nbs/03_cache.ipynb #df25f9a8
-class H2OCache(EvictingCache):
-    "H2O: `EvictingCache` with the heavy-hitter policy `score` names (the key-as-query proxy by default)."
-    method = "h2o"
-    def __init__(self,
-                 budget:int, # tokens this layer may hold (>= n_sink + 1)
-                 n_sink:int=4, # the first n_sink positions are never evicted
-                 window:int|None=None, # sliding-window size of the layer, None for global attention
-                 score:str="key_proxy", # "key_proxy", "attention" (real queries) or "window" (SnapKV's)
-                 obs_window:int=32, # score="window": the last prompt queries whose attention chooses
-                 recent:int=0, # the newest `recent` tokens are never evicted
-                 **kwargs): # more `EvictingCache` arguments (compress, ...)
-        super().__init__(budget, n_sink, window, policy_for_score(score, obs_window), recent, **kwargs)
-
-    @property
-    def score(self)->str:
-        "The preset's name for its policy."
-        return {"key_proxy": "key_proxy", "attention": "attention"}.get(self.policy.name, "window")
-
-    @property
-    def obs_window(self)->int:
-        "The observation window (0 for the policies without one)."
-        return self.policy.obs_window
-
-# %% ../nbs/03_cache.ipynb #c32e5938
-class PyramidKVCache(H2OCache):
-    "An H2O layer whose budget comes from PyramidKV's depth taper (computed by the builder)."
-    method = "pyramidkv"
-    def __init__(self, budget:int, # this layer's share of the pyramid
-                 n_sink:int=4, # never-evicted prefix
-                 window:int|None=None, # sliding window of the layer, or None
-                 layer_idx:int=0, # index among the model's attention layers
-                 beta:float=1.0, # the pyramid's taper (1.0 = flat)
-                 score:str="key_proxy", # where token scores come from (see `H2OCache`)
-                 obs_window:int=32, # score="window" only
-                 recent:int=0, # protected newest tokens
-                 **kwargs): # more `EvictingCache` arguments
-        super().__init__(budget, n_sink, window, score, obs_window, recent, layer_idx=layer_idx,
-                         info={"beta": beta, **kwargs.pop("info", {})}, **kwargs)
-
-    @property
-    def beta(self)->float:
-        "The pyramid's taper this layer's budget came from."
-        return self.info.get("beta")
-
-# %% ../nbs/03_cache.ipynb #cbb233b5
-class SnapKVCache(H2OCache):
-    "SnapKV: keep what the last `obs_window` prompt queries attend to (pooled), plus the window."
-    method = "snapkv"
-    def __init__(self, budget:int, # tokens this layer may hold
-                 n_sink:int=4, # never-evicted prefix
-                 window:int|None=None, # sliding window of the layer, or None
-                 obs_window:int=32, # the observation window (last prompt queries)
-                 recent:int=0, # protected newest tokens in decode
-                 **kwargs): # more `EvictingCache` arguments
-        super().__init__(budget, n_sink, window, "window", obs_window, recent, **kwargs)
-
-# %% ../nbs/03_cache.ipynb #ec76c7a5
-class SqueezeAttentionCache(H2OCache):
-    "An H2O layer whose budget SqueezeAttention's coordinator resolves from the prompt's layer signals."
-    method = "squeeze"
-    def __init__(self, avg_budget:int, # the average budget per layer
-                 n_sink:int=4, # never-evicted prefix
-                 window:int|None=None, # sliding window of the layer, or None
-                 coordinator=None, # the shared `SqueezeCoordinator`, or None for a uniform layer at `avg_budget`
-                 layer_idx:int=0, # index among the coordinated layers
-                 score:str="key_proxy", # where token scores come from (see `H2OCache`)
-                 obs_window:int=32, # score="window" only
-                 recent:int=0, # protected newest tokens
-                 **kwargs): # more `EvictingCache` arguments
-        _check_int("n_sink", n_sink, 0)
-        _check_int("avg_budget" if coordinator is not None else "budget", avg_budget, n_sink + 1)
-        super().__init__(None if coordinator is not None else avg_budget, n_sink, window, score, obs_window, recent,
-                         coordinator=coordinator, layer_idx=layer_idx, measure=True,
-                         info={"avg_budget": avg_budget, **kwargs.pop("info", {})}, **kwargs)
-
-    @property
-    def avg_budget(self)->int:
-        "The average budget per layer the schedule shares out."
-        return self.info.get("avg_budget")
-
 # %% ../nbs/03_cache.ipynb #f66f89c0
-for _cls in (EvictingCache, H2OCache, PyramidKVCache, SnapKVCache, SqueezeAttentionCache):
-    setattr(mlx_cache, _cls.__name__, _cls)
+PRESET_NAMES = ("H2OCache", "PyramidKVCache", "SnapKVCache", "SqueezeAttentionCache")  # older files' class names
+for _name in ("EvictingCache", *PRESET_NAMES): setattr(mlx_cache, _name, EvictingCache)

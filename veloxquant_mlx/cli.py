@@ -104,7 +104,8 @@ def per_token_bytes(cache, model=None, # the cache, and the model whose config a
                     bf16:bool=False, # True: at 2 bytes per element
 )->int|None:
     "Bytes one token's key + value occupy in a float cache (from its buffers, else the model's config as float32)."
-    k = getattr(cache, "keys", None)
+    store = getattr(cache, "store", None)
+    k = getattr(cache, "keys", None) if store is None else None if store.empty() else store.arrays()[0]
     if k is not None and hasattr(k, "shape") and k.ndim == 4:
         return 2 * k.shape[1] * k.shape[3] * (2 if bf16 else k.dtype.size)
     args = getattr(model, "args", None)

@@ -112,7 +112,8 @@ class SqueezeCoordinator(Coordinator):
     def reset(self):
         "Forget the prompt: clear reports and the measured schedule, and empty every registered layer."
         self.reports, self._budgets = {}, self._given
-        for i, cache in self.layers.items(): cache.reset(budget=None if self._given is None else self._given[i])
+        for i, cache in self.layers.items():
+            cache.reset(); cache.adopt_budget(None if self._given is None else self._given[i])
 
 # %% ../nbs/04_coordinator.ipynb #0602e52a
 def kmeans_1d(values:list, # one number per layer
@@ -166,6 +167,7 @@ from .allocators import pyramid_budgets
 class Schedule:
     "How many tokens each attention layer may hold; `plan` returns per-layer budgets or a coordinator."
     name:ClassVar[str] = "schedule"
+    measures:ClassVar[bool] = False # True: its layers measure the prompt (a standalone layer still reports it)
     def plan(self, n_layers:int, avg_budget:int, n_sink:int, caps:list)->list|SqueezeCoordinator:
         "Per-layer budgets (exact sum `n_layers * avg_budget`), or a coordinator that sets them later."
         raise NotImplementedError
@@ -194,6 +196,7 @@ class Squeeze(Schedule):
     signal:str = "hidden_cosine" # "hidden_cosine" (the paper's) or "key_dispersion" (the method documents' proxy)
     resolved_budget:list|None = None # a per-layer schedule given up front instead of measured
     name:ClassVar[str] = "squeeze"
+    measures:ClassVar[bool] = True
     def __post_init__(self):
         if self.signal not in SIGNALS: raise ValueError(f"`signal` must be one of {SIGNALS}, got {self.signal!r}")
         _check_real("strength", self.strength, 0.0, 1.0)
@@ -343,7 +346,7 @@ class PromptEndCoordinator(Coordinator):
     def reset(self):
         "Forget the prompt: every layer empties and waits for the next prompt's length."
         self._budgets = self.n_tokens = None
-        for cache in self.layers.values(): cache.reset(budget=None)
+        for cache in self.layers.values(): cache.reset(); cache.adopt_budget(None)
 
 # %% ../nbs/04_coordinator.ipynb #06f4187a
 @dataclass

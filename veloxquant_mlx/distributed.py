@@ -52,7 +52,6 @@ def _finalize_across_ranks(self:SqueezeCoordinator):
     if g is not None and mode == "tensor" and self.signal == "key_dispersion" and not self.missing:
         mean = mean_over_ranks([self.reports[i] for i in range(self.n_layers)], g)
         self.reports = dict(enumerate(mean))
-        for i, c in self.layers.items(): c.concentration = mean[i]
     return SqueezeCoordinator._veloxquant_local_finalize(self)
 
 # %% ../nbs/14_distributed.ipynb #d1400016

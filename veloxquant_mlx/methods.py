@@ -9,11 +9,13 @@ from typing import Callable
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV
 from .cache import policy_for_score, EvictingCache, install_attention_hook
+from .policies import _check_int
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SIGNALS
 
 # %% auto #0
 __all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'CHUNK', 'METHODS', 'Param',
-           'Method', 'keep_all_caches', 'register', 'methods_table']
+           'Method', 'keep_all_caches', 'register', 'H2OCache', 'PyramidKVCache', 'SnapKVCache',
+           'SqueezeAttentionCache', 'methods_table']
 
 # %% ../nbs/04a_methods.ipynb #a9a7c9cb
 @dataclass(frozen=True)
@@ -55,7 +57,6 @@ class Method:
     params:tuple = () # its `Param`s
     policy:Callable[[dict], Policy]|None = None # the policy from the resolved parameters
     schedule:Callable[[dict], Schedule] = lambda p: Uniform() # the schedule from the resolved parameters
-    preset:str|None = None # the class the builder makes (None: `EvictingCache`)
     build:Callable|None = None # a baseline's own cache list: build(model, config)
     budgeted:bool = True # False: keeps every token (a baseline that ignores the budget)
     kv_storage:str = "ours" # whose quantization `kv_bits` may select: "ours", "ours+mlx" (also mlx-lm's) or "none"
@@ -75,6 +76,15 @@ class Method:
                 raise ValueError(f"`{k}` is not a parameter of method {self.name!r} (it takes {sorted(own) or 'none'})"
                                  + where)
         return {n: p.check(params.get(n, p.default)) for n, p in own.items()}
+
+    def layer(self, budget:int|None, # tokens the layer may hold (None: a schedule sets it later)
+              n_sink:int=4, # never-evicted prefix
+              window:int|None=None, # the layer's sliding window, or None
+              params:dict|None=None, # this method's parameters (the rest take their defaults)
+              **kwargs)->EvictingCache: # more `EvictingCache` arguments: `policy=` replaces the method's own
+        "One layer of this method: an `EvictingCache` with its name and (unless given) its policy."
+        kwargs.setdefault("policy", self.policy(self.resolve(params or {})))
+        return EvictingCache(budget, n_sink, window, method=self.name, **kwargs)
 
 # %% ../nbs/04a_methods.ipynb #84e527d8
 def keep_all_caches(model, config):
@@ -120,18 +130,16 @@ register(Method("mlx-rotating", "StreamingLLM (mlx-lm)", "https://github.com/ml-
                 "mlx-lm's `RotatingKVCache(budget, keep=n_sink)`: the sinks and a ring of the newest tokens",
                 build=_mlx_rotating, kv_storage="none"))
 register(Method("h2o", "H2O", "https://arxiv.org/abs/2306.14048",
-                "the heavy hitters: the tokens with the most attention received so far", (SCORE,), _score,
-                preset="H2OCache"))
+                "the heavy hitters: the tokens with the most attention received so far", (SCORE,), _score))
 register(Method("pyramidkv", "PyramidKV", "https://arxiv.org/abs/2406.02069",
                 "H2O's choice, with budgets tapered by depth (more to the first layers)", (SCORE, BETA), _score,
-                lambda p: Pyramid(p["beta"]), preset="PyramidKVCache"))
+                lambda p: Pyramid(p["beta"])))
 register(Method("squeeze", "SqueezeAttention", "https://arxiv.org/abs/2404.04793",
                 "H2O's choice, with per-layer budgets measured from the prompt", (SCORE, STRENGTH, SIGNAL, RESOLVED),
-                _score, lambda p: Squeeze(p["strength"], p["signal"], p["resolved_budget"]),
-                preset="SqueezeAttentionCache"))
+                _score, lambda p: Squeeze(p["strength"], p["signal"], p["resolved_budget"])))
 register(Method("snapkv", "SnapKV", "https://arxiv.org/abs/2404.14469",
                 "what the last prompt queries attend to (pooled), chosen once the prompt is read",
-                (OBS_WINDOW, KERNEL, POOL), _window(ObservationWindow), preset="SnapKVCache"))
+                (OBS_WINDOW, KERNEL, POOL), _window(ObservationWindow)))
 register(Method("streamingllm", "StreamingLLM", "https://arxiv.org/abs/2309.17453",
                 "the attention sinks and the newest tokens", (), lambda p: Recency()))
 register(Method("tova", "TOVA", "https://arxiv.org/abs/2401.06104",
@@ -140,6 +148,62 @@ register(Method("tova", "TOVA", "https://arxiv.org/abs/2401.06104",
 register(Method("chunkkv", "ChunkKV", "https://arxiv.org/abs/2502.00299",
                 "SnapKV's score, kept in whole chunks of consecutive tokens", (OBS_WINDOW, KERNEL, POOL, CHUNK),
                 _window(ChunkKV)))
+
+# %% ../nbs/04a_methods.ipynb #3e128198
+def H2OCache(budget:int, # tokens this layer may hold (>= n_sink + 1)
+             n_sink:int=4, # the first n_sink positions are never evicted
+             window:int|None=None, # sliding-window size of the layer, None for global attention
+             score:str="key_proxy", # "key_proxy", "attention" (real queries) or "window" (SnapKV's)
+             obs_window:int=OBS_WINDOW.default, # score="window": the last prompt queries whose attention chooses
+             recent:int=0, # the newest `recent` tokens are never evicted
+             **kwargs)->EvictingCache: # more `EvictingCache` arguments (compress, ...)
+    "H2O: the heavy-hitter policy `score` names (the key-as-query proxy by default)."
+    return METHODS["h2o"].layer(budget, n_sink, window, policy=policy_for_score(score, obs_window), recent=recent,
+                                **kwargs)
+
+# %% ../nbs/04a_methods.ipynb #c6b5cc42
+def PyramidKVCache(budget:int, # this layer's share of the pyramid
+                   n_sink:int=4, # never-evicted prefix
+                   window:int|None=None, # sliding window of the layer, or None
+                   layer_idx:int=0, # index among the model's attention layers
+                   beta:float=1.0, # the pyramid's taper (1.0 = flat)
+                   score:str="key_proxy", # where token scores come from (see `H2OCache`)
+                   obs_window:int=OBS_WINDOW.default, # score="window" only
+                   recent:int=0, # protected newest tokens
+                   **kwargs)->EvictingCache: # more `EvictingCache` arguments
+    "An H2O layer whose budget comes from PyramidKV's depth taper (computed by the builder)."
+    info = {"beta": beta, **kwargs.pop("info", {})}
+    return METHODS["pyramidkv"].layer(budget, n_sink, window, policy=policy_for_score(score, obs_window),
+                                      recent=recent, layer_idx=layer_idx, info=info, **kwargs)
+
+# %% ../nbs/04a_methods.ipynb #177c218a
+def SnapKVCache(budget:int, # tokens this layer may hold
+                n_sink:int=4, # never-evicted prefix
+                window:int|None=None, # sliding window of the layer, or None
+                obs_window:int=OBS_WINDOW.default, # the observation window (last prompt queries)
+                recent:int=0, # protected newest tokens in decode
+                **kwargs)->EvictingCache: # more `EvictingCache` arguments
+    "SnapKV: keep what the last `obs_window` prompt queries attend to (pooled), plus the window."
+    _check_int("obs_window", obs_window, 1)
+    return METHODS["snapkv"].layer(budget, n_sink, window, dict(obs_window=obs_window), recent=recent, **kwargs)
+
+# %% ../nbs/04a_methods.ipynb #642b0f65
+def SqueezeAttentionCache(avg_budget:int, # the average budget per layer
+                          n_sink:int=4, # never-evicted prefix
+                          window:int|None=None, # sliding window of the layer, or None
+                          coordinator=None, # the shared `SqueezeCoordinator`, or None: a uniform layer at `avg_budget`
+                          layer_idx:int=0, # index among the coordinated layers
+                          score:str="key_proxy", # where token scores come from (see `H2OCache`)
+                          obs_window:int=OBS_WINDOW.default, # score="window" only
+                          recent:int=0, # protected newest tokens
+                          **kwargs)->EvictingCache: # more `EvictingCache` arguments
+    "An H2O layer whose budget SqueezeAttention's coordinator resolves from the prompt's layer signals."
+    _check_int("n_sink", n_sink, 0)
+    _check_int("avg_budget" if coordinator is not None else "budget", avg_budget, n_sink + 1)
+    info = {"avg_budget": avg_budget, **kwargs.pop("info", {})}
+    return METHODS["squeeze"].layer(None if coordinator is not None else avg_budget, n_sink, window,
+                                    policy=policy_for_score(score, obs_window), recent=recent, coordinator=coordinator,
+                                    layer_idx=layer_idx, measure=True, info=info, **kwargs)
 
 # %% ../nbs/04a_methods.ipynb #191e3e15
 def methods_table(baselines:bool=True)->str:

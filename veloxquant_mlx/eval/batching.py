@@ -11,7 +11,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 from ..builder import KVCacheBuilder, KVCacheConfig
-from ..cache import EvictingCache
+from ..cache import EvictingCache, held_arrays
 from .measure import digits_done
 
 # %% auto #0
@@ -42,14 +42,10 @@ class _Fanout:
     def make_mask(self, *args, **kwargs):
         return self.ref.make_mask(*args, **kwargs)
 
-    @property
-    def wants_hidden(self) -> bool:
-        return any(getattr(s, "wants_hidden", False) for s in self.subs)
-
-    def report_hidden(self, cosine: float):
+    def report_hidden(self, h, r, cosine):
+        "Every row's cache that measures the hidden states does (each only if its schedule waits for it)."
         for s in self.subs:
-            if getattr(s, "wants_hidden", False):
-                s.report_hidden(cosine)
+            if hasattr(s, "report_hidden"): s.report_hidden(h, r, cosine)
 
     def attend(self, queries, scale, mask, sinks):
         "Every row's cache observes the real queries (scores, trims), then what it keeps is evaluated."
@@ -61,7 +57,7 @@ class _Fanout:
 
 # %% ../../nbs/11c_eval_batching.ipynb #ddb27e6c
 def cache_arrays(c)->list:
-    if isinstance(c, EvictingCache): return [a for a in (c.keys, c.values, c.positions, c.scores) if a is not None]
+    if isinstance(c, EvictingCache): return held_arrays(c)
     return [a for a in (getattr(c, "keys", None), getattr(c, "values", None)) if a is not None]
 
 # %% ../../nbs/11c_eval_batching.ipynb #48ed70a6
@@ -82,8 +78,6 @@ class _BatchSlot:
         if len(offs) != 1:
             raise RuntimeError(f"batched caches disagree on the token offset: {sorted(offs)}")
         return offs.pop()
-
-    wants_hidden = False
 
     def make_mask(self, N, *args, **kwargs):
         return None if N == 1 else "causal"  # unused: each row masks its own

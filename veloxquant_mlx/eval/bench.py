@@ -107,13 +107,12 @@ def kv_nbytes(caches)->int:
 # %% ../../nbs/12a_eval_bench.ipynb #b1e0a025
 def overhead_nbytes(caches)->int:
     "Bytes of our bookkeeping (positions and scores); 0 for mlx-lm's caches."
-    return int(sum(getattr(c, "overhead_nbytes", 0) for c in caches))
+    return int(sum(c.stats["overhead_nbytes"] for c in caches if isinstance(c, EvictingCache)))
 
 # %% ../../nbs/12a_eval_bench.ipynb #b1e0a027
 def tokens_held(caches)->list:
-    "Tokens each layer holds (`tokens_kept` of ours, `size()` of mlx-lm's)."
-    return [c.tokens_kept if hasattr(c, "tokens_kept") else (c.size() if hasattr(c, "size") else None)
-            for c in caches]
+    "Tokens each layer holds (`size()`, ours and mlx-lm's)."
+    return [c.size() if hasattr(c, "size") else None for c in caches]
 
 # %% ../../nbs/12a_eval_bench.ipynb #b1e0a030
 def med(xs)->float:

@@ -208,8 +208,8 @@ def squeeze_schedules(model, tokenizer, budgets=(64, 128, 256), context:int=1536
     caches = prefilled(model, ids, configs)[1:]
     out = dict(context=context, layers=[])
     for cfg, cs in zip(configs, caches):
-        out["layers"].append(dict(name=cfg.label, budget=cfg.budget, budgets=[int(c.layer_budget) for c in cs],
-                                  concentration=[getattr(c, "concentration", None) for c in cs],
-                                  hidden_cosine=[getattr(c, "hidden_cosine", None) for c in cs],
+        out["layers"].append(dict(name=cfg.label, budget=cfg.budget, budgets=[int(c.budget) for c in cs],
+                                  concentration=[c.stats["concentration"] for c in cs],
+                                  hidden_cosine=[c.stats["hidden_cosine"] for c in cs],
                                   window=[getattr(c, "window", None) for c in cs]))
     return out

@@ -11,6 +11,7 @@ preload_openblas()  # before mlx.core
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from ..coordinator import full_slots
+from ..cache import EvictingCache
 
 # %% auto #0
 __all__ = ['lcs', 'first_digits', 'score_answer', 'digits_done', 'partial_chance', 'Tally', 'Answers', 'kv_bytes',
@@ -118,7 +119,7 @@ def kv_bytes_bf16(caches)->int:
     "Bytes of the keys and values `caches` hold, counted at bfloat16 (packed quantized data as is)."
     total = 0
     for c in caches:
-        if hasattr(c, "nbytes_bf16"): total += int(c.nbytes_bf16)
+        if isinstance(c, EvictingCache): total += int(c.store.nbytes_bf16)
         else:
             arrays = [getattr(c, "keys", None), getattr(c, "values", None)]
             flat = [a for x in arrays if x is not None for a in (x if isinstance(x, (tuple, list)) else (x,))]
