@@ -39,7 +39,7 @@ def config(name, budget=BUDGET):
 
 def live_kept(layer):
     "A one-sequence layer's kept positions the next query can see, sorted per head."
-    return [[x for x in sorted(h) if layer.window is None or x > layer.offset - layer.window]
+    return [[x for x in sorted(h) if layer.spec.window is None or x > layer.offset - layer.spec.window]
             for h in layer.positions[0, :, :layer.count].tolist()]
 
 def live_layers(gen):
@@ -118,7 +118,7 @@ def test_batch_generate_leaves_the_request_caches_alone():
     r = batch_generate(model, Tok(), PROMPTS, prompt_caches=caches, max_tokens=T, prefill_step_size=STEP,
                        return_token_ids=True)
     assert r.token_ids == [greedy_alone(model, p, KVCacheBuilder.for_model(model, cfg), T, STEP) for p in PROMPTS]
-    assert all(c.offset == 0 and c.keys is None for cl in caches for c in cl)
+    assert all(c.offset == 0 and c.empty() for cl in caches for c in cl)
 
 @pytest.mark.parametrize("name", ["squeeze", "snapkv", "tova"])
 def test_extract_save_load_resume(tmp_path, name):

@@ -23,14 +23,14 @@ def check_invariants(caches):
     for c in caches:
         if not isinstance(c, EvictingCache): continue
         pos = np.array(c.positions[:, :, :c.count])
-        assert c.count <= c.layer_budget
+        assert c.count <= c.budget
         assert (pos < c.offset).all()
         for row in pos.reshape(-1, pos.shape[-1]):
             assert len(set(row.tolist())) == len(row)                      # unique positions
-            live_sinks = [p for p in range(c.n_sink) if c.window is None or p > c.offset - 1 - c.window]
+            live_sinks = [p for p in range(c.spec.n_sink) if c.spec.window is None or p > c.offset - 1 - c.spec.window]
             assert set(live_sinks) <= set(row.tolist())                     # live sinks always kept
-            if c.window is not None: assert (row > c.offset - 1 - c.window).all()  # nothing dead held after decode
-        assert not np.isnan(np.array(c.scores[:, :, :c.count])).any()
+            if c.spec.window is not None: assert (row > c.offset - 1 - c.spec.window).all()  # nothing dead held after decode
+        assert not np.isnan(np.array(c._scores[:, :, :c.count])).any()
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.method)
@@ -53,7 +53,7 @@ def test_long_decode_never_exceeds_budget():
     caches = KVCacheBuilder.for_model(model, KVCacheConfig.for_method("squeeze", 12, n_sink=2))
     run_generate(model, caches, n=2000)
     check_invariants(caches)
-    assert all(c.tokens_kept == c.layer_budget for c in caches)
+    assert all(c.count == c.budget for c in caches)
     assert caches[0].offset == 120 + 2000
 
 def test_squeeze_prefill_ends_at_exact_budgets():
@@ -63,10 +63,10 @@ def test_squeeze_prefill_ends_at_exact_budgets():
         caches = KVCacheBuilder.for_model(model, KVCacheConfig.for_method("squeeze", 40, compress=compress))
         prompt_logits(model, prompt, caches, chunk=128)
         if compress == "prompt_end":
-            assert [c.tokens_kept for c in caches] == [500] * 6      # held whole until the prompt ends
+            assert [c.count for c in caches] == [500] * 6      # held whole until the prompt ends
             model(mx.array([[7]]), cache=caches)                     # its end: the first one-token pass
         co = coordinator_of(caches)
-        assert [c.tokens_kept for c in caches] == co.budgets and sum(co.budgets) == 6 * 40
+        assert [c.count for c in caches] == co.budgets and sum(co.budgets) == 6 * 40
         assert max(co.budgets) > 40                   # someone was entitled to more than the average, and got it
 
 def test_save_load_round_trip_continues_identically():
@@ -141,7 +141,7 @@ def test_every_registered_method_keeps_the_invariants(arch, compress, method):
     toks = run_generate(model, caches, n=30)
     check_invariants([c for c in caches if isinstance(c, EvictingCache)])
     assert all(c.offset == 120 + 30 for c in caches if isinstance(c, EvictingCache))
-    assert all(c.evicted for c in caches if isinstance(c, EvictingCache))
+    assert all(c.stats["evicted"] for c in caches if isinstance(c, EvictingCache))
     assert run_generate(model, KVCacheBuilder.for_model(model, KVCacheConfig.for_method(method, 24, compress=compress)),
                         n=30) == toks                                     # deterministic
 
@@ -167,5 +167,5 @@ def test_streamingllm_decodes_like_mlx_lm_rotating_cache(arch):
                                                                    max_tokens=40), range(40))]
     assert run(a) == run(b)
     for c, r in zip(a, b):                                           # the same tokens held: 4 sinks and the newest
-        assert c.tokens_kept == r.size() == 24
+        assert c.count == r.size() == 24
         assert sorted(c.positions[0, 0].tolist()) == list(range(4)) + list(range(c.offset - 20, c.offset))

@@ -33,7 +33,7 @@ def turn(model, caches, prompt, n=8, chunk=16):
 
 def check(caches, seen):
     for c in ours(caches):
-        assert c.offset == seen and c.count <= c.layer_budget
+        assert c.offset == seen and c.count <= c.budget
         pos = np.array(c.positions[:, :, :c.count])
         assert (pos < seen).all() and all(len(set(r)) == len(r) for r in pos.reshape(-1, pos.shape[-1]).tolist())
 
@@ -44,12 +44,12 @@ def test_second_turn_appends_and_keeps_budgets(model, method):
     caches = KVCacheBuilder.for_model(model, cfg)
     t1, _ = turn(model, caches, FIRST)
     second = SECOND                      # `greedy` feeds every token it returns: the answer is in the cache already
-    budgets = [c.layer_budget for c in ours(caches)]
-    assert all(c.evicted for c in ours(caches))
+    budgets = [c.budget for c in ours(caches)]
+    assert all(c.stats["evicted"] for c in ours(caches))
     t2, l2 = turn(model, caches, second)
     check(caches, 70 + 8 + 45 + 8)
-    assert [c.layer_budget for c in ours(caches)] == budgets
-    assert [c.tokens_kept for c in ours(caches)] == budgets
+    assert [c.budget for c in ours(caches)] == budgets
+    assert [c.count for c in ours(caches)] == budgets
     # the same tokens in one go (same chunk boundaries per turn) on new caches: identical
     fresh = KVCacheBuilder.for_model(model, cfg)
     turn(model, fresh, FIRST)
@@ -93,7 +93,7 @@ def test_trim_before_eviction_works_like_kvcache(model, method):
     prompt_logits(model, FIRST[:, :40], caches, chunk=16); prompt_logits(model, FIRST[:, :40], ref, chunk=16)
     assert can_trim_prompt_cache(caches)
     assert trim_prompt_cache(caches, 12) == trim_prompt_cache(ref, 12) == 12
-    assert all(c.offset == 28 and c.tokens_kept == 28 for c in ours(caches))
+    assert all(c.offset == 28 and c.count == 28 for c in ours(caches))
     a, _ = turn(model, caches, SECOND[:, :20], n=6); r, _ = turn(model, ref, SECOND[:, :20], n=6)
     assert mx.array_equal(a, r).item()
 
@@ -104,7 +104,7 @@ def test_trim_then_evict_equals_never_having_seen_the_trimmed_tokens():
     c.trim(10)
     fresh = H2OCache(32, 2)
     fresh.update_and_fetch(x[:, :, :20], x[:, :, :20])
-    assert np.allclose(np.array(c.scores[:, :, :20]), np.array(fresh.scores[:, :, :20]), atol=1e-5)
+    assert np.allclose(np.array(c._scores[:, :, :20]), np.array(fresh._scores[:, :, :20]), atol=1e-5)
     for i in range(30, 60):       # continue one token at a time until well past the budget, on both
         c.update_and_fetch(x[:, :, i:i + 1], x[:, :, i:i + 1]); fresh.update_and_fetch(x[:, :, i:i + 1], x[:, :, i:i + 1])
     assert mx.array_equal(c.positions, fresh.positions).item()
@@ -133,10 +133,10 @@ def test_squeeze_schedule_stays_frozen_for_the_second_prompt(model):
     co = coordinator_of(caches)
     turn(model, caches, FIRST)
     budgets, conc = co.budgets, co.concentrations
-    assert co.finalize_count == 1 and [c.tokens_kept for c in caches] == budgets
+    assert co.finalize_count == 1 and [c.count for c in caches] == budgets
     turn(model, caches, SECOND)                                   # a second prompt on the same caches: appended
     assert co.finalize_count == 1 and co.budgets == budgets and co.concentrations == conc
-    assert [c.tokens_kept for c in caches] == budgets
+    assert [c.count for c in caches] == budgets
 
 def test_squeeze_reset_equals_new_caches(model):
     cfg = KVCacheConfig.for_method("squeeze", 24, n_sink=2)
@@ -145,7 +145,7 @@ def test_squeeze_reset_equals_new_caches(model):
     turn(model, caches, FIRST)
     co.reset()
     assert not co.resolved and co.missing == [0, 1, 2]
-    assert all(c.empty() and c.offset == 0 and c.tokens_kept == 0 and c.concentration is None and c.is_trimmable() for c in caches)
+    assert all(c.empty() and c.offset == 0 and c.count == 0 and c.stats["concentration"] is None and c.is_trimmable() for c in caches)
     t, l = turn(model, caches, SECOND)
     fresh = KVCacheBuilder.for_model(model, cfg)
     ft, fl = turn(model, fresh, SECOND)
@@ -159,7 +159,7 @@ def test_squeeze_reset_with_a_given_schedule_keeps_it(model):
     co = coordinator_of(caches)
     turn(model, caches, FIRST)
     co.reset()
-    assert co.resolved and co.budgets == [16, 24, 32] and [c.layer_budget for c in caches] == [16, 24, 32]
+    assert co.resolved and co.budgets == [16, 24, 32] and [c.budget for c in caches] == [16, 24, 32]
     t, _ = turn(model, caches, SECOND)
     ft, _ = turn(model, KVCacheBuilder.for_model(model, cfg), SECOND)
     assert mx.array_equal(t, ft).item()

@@ -44,19 +44,19 @@ def make_cache(kind, budget, n_sink, window):
 
 def check_invariants(c, seen, B, H, last_n=1):
     assert c.offset == seen
-    assert c.count <= c.layer_budget
+    assert c.count <= c.budget
     pos = np.array(c.positions[:, :, :c.count])
     assert pos.shape == (B, H, c.count)
     assert (pos >= 0).all() and (pos < c.offset).all()
     # a sink is live while the *next* query can see it (position > seen - window); dead ones go first
-    live_sinks = {p for p in range(min(c.n_sink, seen)) if c.window is None or p > seen - c.window}
+    live_sinks = {p for p in range(min(c.spec.n_sink, seen)) if c.spec.window is None or p > seen - c.spec.window}
     for row in pos.reshape(-1, pos.shape[-1]).tolist():
         assert len(set(row)) == len(row), f"duplicate kept positions {row}"
         assert live_sinks <= set(row), f"live sinks {live_sinks} missing from {row}"
         assert seen - 1 in row, "the newest token must always be held"
-        if c.window is not None and c.count == c.layer_budget and last_n == 1:   # a full layer after a decode step
-            assert all(p > seen - 1 - c.window for p in row), f"dead token held in a full windowed layer: {row}"
-    assert np.isfinite(np.array(c.scores[:, :, :c.count])).all()
+        if c.spec.window is not None and c.count == c.budget and last_n == 1:   # a full layer after a decode step
+            assert all(p > seen - 1 - c.spec.window for p in row), f"dead token held in a full windowed layer: {row}"
+    assert np.isfinite(np.array(c._scores[:, :, :c.count])).all()
 
 layer_kind = st.sampled_from(["h2o", "pyramidkv", "squeeze_uniform", "squeeze_coord", "h2o_attention", "h2o_window"])
 
@@ -142,8 +142,8 @@ def test_token_by_token_cache_and_decode_run_equal_the_reference(B, H, D, n_sink
     c = H2OCache(budget, n_sink, window)
     for i in range(total): c.update_and_fetch(keys[:, :, i:i + 1], values[:, :, i:i + 1])
     assert mx.array_equal(c.positions, rp).item(), "token-by-token cache kept other positions than the reference"
-    assert mx.array_equal(c.keys, rk).item()
-    assert np.allclose(np.array(c.scores), np.array(rs), rtol=1e-4, atol=1e-4)
+    assert mx.array_equal(c.store.arrays()[0], rk).item()
+    assert np.allclose(np.array(c._scores), np.array(rs), rtol=1e-4, atol=1e-4)
     # (2) decode_run from the reference's full buffer after `budget` tokens
     fk, fv, fp, fs = prefill_evict_reference(None, None, None, None, keys[:, :, :budget], values[:, :, :budget], 0, budget, n_sink, window)
     dk, dv, dp, ds = decode_run(fk, fv, fp, fs, keys[:, :, budget:], values[:, :, budget:], budget, n_sink, window)
@@ -170,7 +170,7 @@ def test_batch_rows_evict_independently_direct(sc, layer, seed):
             k1, v1 = alone[b].update_and_fetch(keys[b:b + 1, :, sl], values[b:b + 1, :, sl])
             o1 = alone[b].attention(q[b:b + 1], k1, v1, scale=1 / math.sqrt(D))
             assert mx.array_equal(both.positions[b, :, :both.count], alone[b].positions[0, :, :alone[b].count]).item()
-            assert np.allclose(np.array(both.scores[b, :, :both.count]), np.array(alone[b].scores[0, :, :alone[b].count]), atol=1e-5)
+            assert np.allclose(np.array(both._scores[b, :, :both.count]), np.array(alone[b]._scores[0, :, :alone[b].count]), atol=1e-5)
             tol = 1e-5 if dt == mx.float32 else 2e-2
             assert np.allclose(np.array(out[b].astype(mx.float32)), np.array(o1[0].astype(mx.float32)), atol=tol)
         seen += n

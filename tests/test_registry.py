@@ -35,7 +35,7 @@ def test_a_new_method_reaches_everything_through_the_registry(oldest):
     caches = KVCacheBuilder.for_model(model, cfg)
     greedy(model, mx.random.randint(0, 256, (1, 100), key=mx.random.key(0)), caches, 5, chunk=32)
     for c in caches:                                        # it really kept the oldest (and the newest, as every policy)
-        assert isinstance(c, EvictingCache) and c.method == "oldest" and c.tokens_kept == 24
+        assert isinstance(c, EvictingCache) and c.spec.method == "oldest" and c.count == 24
         kept = set(c.positions[0, 0].tolist())
         assert set(range(20)) <= kept and 104 in kept
     with tempfile.TemporaryDirectory() as d:                # a saved state names its policy; loading rebuilds it

@@ -140,21 +140,18 @@ def test_policy_phases_replace_the_kind_checks():
     for name in ("cache", "batch"): assert "KeyProxy)" not in _source(name).replace("KeyProxy()", "")
 
 
-# The public face of the one evicting cache: mlx-lm's protocol, the layer's settings and what it holds, and the
-# three calls a batch makes on its rows. A new public name is a decision: add it here.
+# The public face of the one evicting cache: mlx-lm's protocol, what it holds, its plug-ins and settings, and the calls
+# a schedule or a user makes. At most 25 (issue #20). A new public name is a decision: add it here.
 EVICTING_CACHE_PUBLIC = {
-    # mlx-lm's cache protocol
+    # mlx-lm's cache protocol (size() is the token count's protocol name; count the attribute)
     "update_and_fetch", "make_mask", "state", "meta_state", "nbytes", "is_trimmable", "trim", "empty", "size",
     "from_state", "merge", "offset",
-    # attention through the hook, and the schedule's calls
-    "attention", "adopt_budget", "reset", "end_prompt", "wants_hidden", "report_hidden", "deferring",
-    # a batch's calls on its rows
-    "hand_over", "take_back", "advance",
-    # what it holds and how much it may hold
-    "keys", "values", "positions", "scores", "count", "tokens_kept", "budget", "layer_budget", "store",
-    "nbytes_bf16", "overhead_nbytes", "evicted", "concentration", "hidden_cosine",
-    # its settings
-    "method", "n_sink", "window", "policy", "recent", "slack", "compress", "coordinator", "layer_idx", "info",
+    # what it holds and may hold
+    "count", "budget", "positions",
+    # its plug-ins and its settings (`LayerSpec`: sinks, window, recent, slack, compress, layer index, method)
+    "policy", "store", "coordinator", "spec",
+    # attention through the hook; a schedule's calls; what it reports
+    "attention", "end_prompt", "adopt_budget", "reset", "report_hidden", "stats",
 }
 
 
@@ -164,3 +161,24 @@ def test_evicting_cache_public_members_are_listed():
     public = {n for n in dir(EvictingCache) if not n.startswith("_")} | {n for n in vars(c) if not n.startswith("_")}
     assert public == EVICTING_CACHE_PUBLIC, (f"new: {sorted(public - EVICTING_CACHE_PUBLIC)}, "
                                              f"gone: {sorted(EVICTING_CACHE_PUBLIC - public)}")
+    assert len(EVICTING_CACHE_PUBLIC) <= 25
+
+
+def test_the_presets_are_registry_factories():
+    "`H2OCache` & co. build `EvictingCache`s through their method's `layer`; the builder never bypasses a constructor."
+    from veloxquant_mlx import H2OCache, PyramidKVCache, SnapKVCache, SqueezeAttentionCache, EvictingCache
+    from veloxquant_mlx.methods import METHODS
+    for f, name in ((H2OCache, "h2o"), (PyramidKVCache, "pyramidkv"), (SnapKVCache, "snapkv"),
+                    (SqueezeAttentionCache, "squeeze")):
+        c = f(64, 2)
+        assert type(c) is EvictingCache and c.spec.method == name and name in METHODS
+    src = _source("builder")
+    assert "__new__" not in src and 'method == "squeeze"' not in src and "preset" not in _source("methods")
+
+
+def test_one_fit_rule():
+    "The rule that fits a policy, the recent tokens and the slack to a budget is written once (`cache.fit`)."
+    import re
+    for name in ("cache", "builder", "planner", "coordinator", "batch"):
+        assert not re.search(r"max\(0, min\(\w*slack", _source(name).replace("def fit", "")) or name == "cache", name
+    assert _source("cache").count("max(0, min(slack") == 1

@@ -30,8 +30,8 @@ def soak(model, cfg, n_steps, seed=0, prompt_len=32, mem_every=500):
         mx.eval(tok)
         times[i], cpu[i] = time.perf_counter() - t0, time.process_time() - c0
         toks.append(tok.item())
-        nbytes[i] = sum(c.nbytes + c.overhead_nbytes for c in ours)
-        if full_at is None and all(c.count == c.layer_budget for c in ours): full_at = i
+        nbytes[i] = sum(c.nbytes + c.stats["overhead_nbytes"] for c in ours)
+        if full_at is None and all(c.count == c.budget for c in ours): full_at = i
         if i % mem_every == 0 or i == n_steps - 1: mem.append((i, mx.get_active_memory()))
     return dict(tokens=toks, times=times, cpu=cpu, nbytes=nbytes, mem=mem, full_at=full_at, caches=caches)
 
@@ -58,7 +58,7 @@ def test_soak_10k_decode_steps_at_budget_128():
     s = summary(r)
     print("\nsoak h2o budget 128:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()})
     caches = r["caches"]
-    assert all(c.tokens_kept == 128 and c.offset == 32 + 10_000 for c in caches)
+    assert all(c.count == 128 and c.offset == 32 + 10_000 for c in caches)
     assert s["full_at"] == 128 - 32 - 1                             # prompt 32 + the first sampled token fill 128
     assert s["cache_bytes_range"] == 0                              # bytes held by the caches: flat once full
     assert s["mem_range"] <= 1 << 20                                # MLX active memory: flat within 1 MiB
@@ -66,7 +66,7 @@ def test_soak_10k_decode_steps_at_budget_128():
     # between ~1.2 and ~3.4 ms; the benchmark and nbs/08_reliability report it
     again = soak(model, cfg, 2_000, seed=7)                         # same seed: the same tokens (eviction included)
     assert again["tokens"] == r["tokens"][:2_000]
-    for a, b in zip(again["caches"], caches): assert a.tokens_kept == b.tokens_kept
+    for a, b in zip(again["caches"], caches): assert a.count == b.count
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", [m for m, e in METHODS.items() if not e.baseline and m != "h2o"])
@@ -77,5 +77,5 @@ def test_soak_other_methods_stay_flat(method):
     s = summary(r, window=300)
     print(f"\nsoak {method} budget 64:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()})
     assert s["cache_bytes_range"] == 0 and s["mem_range"] <= 1 << 20
-    assert [c.tokens_kept for c in r["caches"]] == [c.layer_budget for c in r["caches"]]
+    assert [c.count for c in r["caches"]] == [c.budget for c in r["caches"]]
     assert soak(model, cfg, 400, seed=3)["tokens"] == r["tokens"][:400]

@@ -32,13 +32,13 @@ def check_layers(caches):
     "Budgets, sinks, unique positions, the newest token, and a storage that holds exactly what the cache counts."
     for c in caches:
         pos = np.array(c.positions[:, :, :c.count])
-        if c.layer_budget is not None: assert c.count <= c.layer_budget
-        live_sinks = {p for p in range(c.n_sink) if c.window is None or p > c.offset - 1 - c.window}
+        if c.budget is not None: assert c.count <= c.budget
+        live_sinks = {p for p in range(c.spec.n_sink) if c.spec.window is None or p > c.offset - 1 - c.spec.window}
         for row in pos.reshape(-1, pos.shape[-1]).tolist():
             assert len(set(row)) == len(row) and c.offset - 1 in row and live_sinks <= set(row)
             assert max(row) < c.offset
         if isinstance(c.store, KiviStorage): assert c.store.slots == c.count and c.store.kr.shape[2] < 32
-        assert c.nbytes == c.store.nbytes and c.nbytes_bf16 <= c.nbytes
+        assert c.nbytes == c.store.nbytes and c.stats["nbytes_bf16"] <= c.nbytes
 
 EVERY = ["h2o", "snapkv", "tova", "chunkkv", "pyramidkv", "squeeze"]
 CASES = [(m, FORMATS[(i + j) % len(FORMATS)]) for i, m in enumerate(EVERY) for j in (0, 3)]   # each format twice

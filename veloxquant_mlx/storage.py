@@ -306,6 +306,8 @@ class QuantizedStorage(Storage):
         "(B, H, head_dim, value head_dim) of what is held, None when empty."
         return self._dims
 
+    def empty(self)->bool: return self._dims is None   # the first tokens record the shapes
+
     def _adopt(self, keys, values):
         "Record the shapes and dtype of the first tokens (and refuse a head_dim the groups do not divide)."
         need = (keys.shape[3], values.shape[3]) if self.scheme == "group" else (values.shape[3],)
@@ -419,10 +421,6 @@ class GroupStorage(QuantizedStorage):
     def reset(self):
         "Hold nothing."
         self.k = self.v = self._dims = self.dtype = None
-
-    def empty(self)->bool:
-        "True before the first token."
-        return self.k is None
 
     @property
     def slots(self)->int:
@@ -549,10 +547,6 @@ class KiviStorage(QuantizedStorage):
         "Hold nothing."
         self.kp = self.vp = self.kr = self.vr = self._dims = self.dtype = None
         self.P, self.repacks = 0, 0
-
-    def empty(self)->bool:
-        "True before the first token."
-        return self.kr is None
 
     @property
     def slots(self)->int:
