@@ -4,52 +4,84 @@
 
 # %% ../nbs/05_builder.ipynb #b6b6a74d
 from __future__ import annotations
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from .cache import EvictingCache, install_attention_hook, COMPRESS, fit
 from .coordinator import Uniform, Pyramid, Squeeze, KVFraction, WindowSplit
 from .planner import KVPlan, WeightedFraction
-from .methods import METHODS, SCORE, SIGNAL
+from .methods import METHODS, SCORE, SIGNAL, BETA, STRENGTH
 from .policies import _check_int
 from .allocators import _check_real
 from .storage import make_storage, check_kv_format, bf16_nbytes
 
 # %% auto #0
-__all__ = ['DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'SCHEDULES', 'DEFAULT_FRACTION', 'RECOMMENDED', 'KVCacheConfig',
-           'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks', 'KVCacheBuilder', 'coordinator_of',
-           'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits', 'greedy', 'record_attention']
+__all__ = ['SCHEDULES', 'DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'RECOMMENDED', 'knob', 'field_type',
+           'KVCacheConfig', 'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks', 'KVCacheBuilder',
+           'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits', 'greedy',
+           'record_attention']
+
+# %% ../nbs/05_builder.ipynb #065f69dd
+SCHEDULES = ("uniform", "pyramid", "squeeze")  # what `schedule` may name: any of them over any policy
+
+def knob(default, # the field's default (a dict is copied for each instance)
+         cli:str|None="given", # option default: "given" (None until given), "field" (the field's); None: no option
+         label:bool=True, # `label` names it when it differs from its default (and `from_label` reads it)
+         **meta): # `flag` (the option, if not the dashed name), `choices`, `type` (parses a text value)
+    "A `KVCacheConfig` field that declares its command-line option and its place in labels (its help: its comment)."
+    meta = dict(cli=cli, label=label and cli is not None, **meta)
+    if isinstance(default, dict): return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+# %% ../nbs/05_builder.ipynb #d9f327ca
+def _bits(v:str):
+    "A `kv_bits` text value: an integer, or 'auto'."
+    if v == "auto": return v
+    try: return int(v)
+    except ValueError: raise ValueError(f"`kv_bits` must be an integer or 'auto', got {v!r}") from None
+
+def field_type(f)->Callable:
+    "How a text value of the config field `f` parses: its declared `type`, else its annotation's first type."
+    if "type" in f.metadata: return f.metadata["type"]
+    return {"int": int, "float": float, "str": str}[f.type.split("|")[0].strip()]
 
 # %% ../nbs/05_builder.ipynb #33749bd8
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
-_SHARED = ("n_recent", "compress", "slack", "kv_fraction", "window_budget", "window_method", "head_dim", "kv_bits",
-           "kv_group_size", "kv_scheme", "window_kv_bits",
-           "schedule")  # for_method keywords that are fields, not method parameters
-
-def _bits(v:str): return v if v == "auto" else int(v)
-SCHEDULES = ("uniform", "pyramid", "squeeze")  # what `schedule` may name: any of them over any policy
 
 @dataclass
 class KVCacheConfig:
     "Which method, with which budget and parameters, for every attention layer of a model."
-    method:str = "h2o" # a key of `veloxquant_mlx.methods.METHODS`
-    budget:int|None = None # average tokens kept per attention layer (the full cache needs none)
-    n_sink:int = 4 # never-evicted prefix (the attention sinks)
-    n_recent:int = 0 # newest tokens every layer protects (H2O's local window; 0 = the method documents' rule)
-    compress:str = "prompt_end" # when layers choose: once the prompt is read, or "chunk": after every forward pass
-    slack:int = 0 # a choice keeps `budget - slack` tokens; the next `slack` (an answer being copied) evict nothing
-    kv_fraction:float|None = None # instead of `budget`: keep this share of the full cache's bf16 bytes (prompt_end)
-    window_budget:int|None = None # tokens per sliding-window layer; the global layers share the rest
-    window_method:str|None = None # the method whose policy the sliding-window layers use (None: the same)
-    params:dict = field(default_factory=dict) # the method's own parameters; missing ones take their defaults
-    head_dim:int|None = None # optional: checked against the model's head_dim
-    kv_bits:int|str|None = None # bits per stored element: None (the model's dtype), 8, 6, 5, 4, 3, 2; "auto": planned
-    kv_group_size:int = 64 # elements sharing one scale and bias (32, 64 or 128)
-    kv_scheme:str = "kivi" # "kivi" (per-channel keys, residual), "group" (mlx-lm's layout); "mlx": mlx-lm's cache
-    window_kv_bits:int|None = None # the sliding-window layers' bits if not `kv_bits` (16: the model's dtype)
-    schedule:str|None = None # how layers share the budget: "uniform", "pyramid", "squeeze" (None: the method's own)
+    method:str = knob("h2o", cli=None, flag="--method") # a key of `veloxquant_mlx.methods.METHODS`
+    budget:int|None = knob(None, label=False) # average tokens kept per attention layer (the full cache needs none)
+    n_sink:int = knob(4, cli="field", label=False) # never-evicted prefix tokens (the attention sinks)
+    n_recent:int = knob(0, cli="field", flag="--recent") # newest tokens never evicted (H2O's local window)
+    # when layers choose: after every prefill chunk ("chunk"), or once the whole prompt is read
+    compress:str = knob("prompt_end", choices=COMPRESS)
+    # a choice keeps budget - slack tokens; the next slack evict nothing (the answer being copied)
+    slack:int = knob(0)
+    # keep this share of the full cache's bytes (at bf16), set when the prompt's length is known (instead of
+    # `budget`); the default method spends it on bits and tokens together
+    kv_fraction:float|None = knob(None)
+    window_budget:int|None = knob(None) # tokens per sliding-window layer (the global layers share the rest)
+    window_method:str|None = knob(None) # the method whose policy the sliding-window layers use (None: the same)
+    params:dict = knob({}, cli=None) # the method's own parameters; missing ones take their defaults
+    head_dim:int|None = knob(None, cli=None) # optional: checked against the model's head_dim
+    # store kept keys and values at 8, 6, 5, 4, 3 or 2 bits, or 'auto' (the byte planner chooses every layer's width
+    # from `kv_fraction`; the default method's choice); default: the model's dtype; on 'full': every token kept,
+    # quantized
+    kv_bits:int|str|None = knob(None, type=_bits)
+    kv_group_size:int = knob(64) # elements per scale and bias: 32, 64 or 128
+    # 'kivi' (default: keys per channel, values per token, the newest tokens in full precision), 'group' (mlx-lm's
+    # layout: per-token groups along head_dim), or with `method` full 'mlx' (mlx-lm's own QuantizedKVCache: global
+    # layers only)
+    kv_scheme:str = knob("kivi")
+    # the sliding-window layers' bits when they differ from `kv_bits` (16: the model's dtype)
+    window_kv_bits:int|None = knob(None)
+    # how the layers share the budget, over any method's policy (default: the method's own)
+    schedule:str|None = knob(None, choices=SCHEDULES)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -173,9 +205,11 @@ class KVCacheConfig:
         if self.kv_bits == "auto":
             return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
         if self.kv_fraction is not None and name in ("pyramid", "squeeze"):
-            return WeightedFraction(self.kv_fraction, name, p.get("beta", 2.0), p.get("strength", 1.0))
-        if self.schedule == "pyramid": return Pyramid(p.get("beta", 2.0))
-        if self.schedule == "squeeze": return Squeeze(p.get("strength", 1.0), p.get("signal", "hidden_cosine"))
+            return WeightedFraction(self.kv_fraction, name, p.get("beta", BETA.default),
+                                    p.get("strength", STRENGTH.default))
+        if self.schedule == "pyramid": return Pyramid(p.get("beta", BETA.default))
+        if self.schedule == "squeeze":
+            return Squeeze(p.get("strength", STRENGTH.default), p.get("signal", SIGNAL.default))
         if self.kv_fraction is not None:
             return KVFraction(self.kv_fraction, self.window_budget, self.layer_bits(), self.layer_bits(True),
                               self.kv_group_size, self.kv_scheme)
@@ -194,10 +228,8 @@ class KVCacheConfig:
         "A short name for tables: the method and its parameters that differ from the defaults."
         defaults = self.entry.resolve({})
         diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
-        shared = (("n_recent", 0), ("compress", "prompt_end"), ("slack", 0), ("kv_fraction", None),
-                  ("window_budget", None), ("window_method", None), ("kv_bits", None), ("kv_group_size", 64),
-                  ("kv_scheme", "kivi"), ("window_kv_bits", None), ("schedule", None))
-        diff += [f"{k}={getattr(self, k)}" for k, d in shared if getattr(self, k) != d]
+        diff += [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                 if f.metadata["label"] and getattr(self, f.name) != f.default]
         return self.method + (f"[{','.join(diff)}]" if diff else "")
 
     @classmethod
@@ -208,9 +240,8 @@ class KVCacheConfig:
         "The configuration a `label` names (parameters parsed by their declared types)."
         name, _, rest = label.partition("[")
         if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
-        shared = dict(n_recent=int, compress=str, slack=int, kv_fraction=float, window_budget=int, window_method=str,
-                      kv_bits=_bits, kv_group_size=int, kv_scheme=str, window_kv_bits=int, schedule=str)
-        types = {p.name: p.type for p in METHODS[name].params} | shared
+        types = {p.name: p.type for p in METHODS[name].params}
+        types |= {f.name: field_type(f) for f in fields(cls) if f.metadata["label"]}
         kwargs = {}
         for part in filter(None, rest.rstrip("]").split(",")):
             k, _, v = part.partition("=")
@@ -218,17 +249,13 @@ class KVCacheConfig:
             kwargs[k] = None if v == "None" else types[k](v)
         return cls.for_method(name, budget, n_sink, **kwargs)
 
-    def with_budget(self, budget:int)->KVCacheConfig:
-        "The same configuration at another budget."
-        return replace(self, budget=budget)
-
     @classmethod
     def for_method(cls, method:str, # a registered method
                    budget:int|None=None, # average tokens per layer
                    n_sink:int=4, # never-evicted prefix
                    **kwargs): # `n_recent`, `compress`, `slack`, `head_dim`, `kv_*`, and the method's own parameters
         "Short form: `KVCacheConfig.for_method('pyramidkv', 128, beta=2.0)`."
-        shared = {k: kwargs.pop(k) for k in _SHARED if k in kwargs}
+        shared = {k: kwargs.pop(k) for k in list(kwargs) if k in cls.__dataclass_fields__ and k != "params"}
         return cls(method=method, budget=budget, n_sink=n_sink, params=kwargs, **shared)
 
 # %% ../nbs/05_builder.ipynb #a8059f98

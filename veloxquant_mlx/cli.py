@@ -10,9 +10,9 @@ import argparse, json, os, re, sys, time
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'METHODS', 'DEFAULT_BUDGET', 'CONFIG_FIELDS', 'CLIError', 'ByteTokenizer', 'load_cli_model',
-           'context_length', 'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'RunOptions',
-           'method_config', 'encode_prompt', 'run_method', 'plan_line', 'format_report', 'format_compare',
+__all__ = ['TINY_ARCHS', 'CONFIG_FIELDS', 'METHODS', 'DEFAULT_BUDGET', 'CLIError', 'ByteTokenizer', 'load_cli_model',
+           'context_length', 'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'config_options',
+           'RunOptions', 'method_config', 'encode_prompt', 'run_method', 'plan_line', 'format_report', 'format_compare',
            'method_params', 'add_method_option', 'add_config_options', 'build_parser', 'read_prompt',
            'configs_from_args', 'options_from_args', 'main']
 
@@ -137,6 +137,25 @@ def layer_report(caches, model=None)->list:
                      "logical_nbytes": held, "exact": (r["nbytes"] == held) if is_full else None})
     return rows
 
+# %% ../nbs/07_cli.ipynb #c006352b
+from dataclasses import fields
+from fastcore.docments import docments
+from .builder import KVCacheConfig, field_type
+
+def config_options()->list:
+    "The `KVCacheConfig` fields the command line makes options of, in field order."
+    return [f for f in fields(KVCacheConfig) if f.metadata["cli"]]
+
+CONFIG_FIELDS = tuple(f.name for f in config_options())  # derived: every `KVCacheConfig` field with an option
+
+def _flag(f)->str: return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+def _as_options(text:str)->str:
+    "`text` with the backticked names of fields that have an option written as flags (`kv_fraction` -> --kv-fraction)."
+    for f in fields(KVCacheConfig):
+        if f.metadata["cli"] or "flag" in f.metadata: text = text.replace(f"`{f.name}`", _flag(f))
+    return text
+
 # %% ../nbs/07_cli.ipynb #6efe6040
 from .methods import METHODS as _REGISTRY
 METHODS = tuple(_REGISTRY)  # the methods registered when the CLI was imported (the parser reads the registry itself)
@@ -157,7 +176,7 @@ def method_config(method:str, # a registered method, or "auto": the library's re
                   params:dict|None=None, # the method's own parameters (the CLI options that were given)
                   **shared): # `KVCacheConfig` fields given on the command line (compress, kv_fraction, kv_bits, ...)
     "The `KVCacheConfig` for command-line values, bad input raised as `CLIError`."
-    from veloxquant_mlx.builder import KVCacheConfig, recommended_config
+    from veloxquant_mlx.builder import recommended_config
     shared = {k: v for k, v in shared.items() if v is not None}
     if method != "auto" and method not in _REGISTRY:
         raise CLIError(f"unknown method {method!r}; choose from auto, {', '.join(_REGISTRY)}")
@@ -175,10 +194,7 @@ def method_config(method:str, # a registered method, or "auto": the library's re
         return KVCacheConfig.for_method(method, budget if budgeted else None, n_sink, n_recent=recent,
                                         **shared, **(params or {}))
     except ValueError as e:
-        msg = str(e)
-        for f in ("window_kv_bits", "kv_bits", "kv_group_size", "kv_scheme", "kv_fraction", "schedule"):
-            msg = msg.replace(f"`{f}`", "--" + f.replace("_", "-"))
-        raise CLIError(msg) from None
+        raise CLIError(_as_options(str(e))) from None
 
 # %% ../nbs/07_cli.ipynb #6142b57e
 def encode_prompt(tokenizer, prompt:str, model=None, chat:bool=False)->list:
@@ -305,15 +321,14 @@ def _param_help(p)->str:
     users = [m.name for m in _REGISTRY.values() if p in m.params]
     return f"{p.help} (default {p.default}; {', '.join(users)})"
 
-CONFIG_FIELDS = ("compress", "slack", "kv_fraction", "window_budget", "window_method", "kv_bits", "kv_group_size",
-                 "kv_scheme", "window_kv_bits",
-                 "schedule")  # `KVCacheConfig` fields with an option of their own (method, budget, n_sink, recent too)
-
-def _kv_bits(v:str):
-    "`--kv-bits`: an integer, or 'auto'."
-    if v == "auto": return v
-    try: return int(v)
-    except ValueError: raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {v!r}") from None
+def _option_type(f):
+    "How argparse parses field `f`'s option: the field's type, its error the field's message."
+    t = field_type(f)
+    if t in (int, float, str): return t
+    def parse(v:str):
+        try: return t(v)
+        except ValueError as e: raise argparse.ArgumentTypeError(_as_options(str(e))) from None
+    return parse
 
 def add_method_option(p):
     "`--method`: a registered method, or `auto` (the default: the library's recommended configuration)."
@@ -321,33 +336,14 @@ def add_method_option(p):
                    help="KV-cache method (auto: the best measured configuration, see the README)")
 
 def add_config_options(p):
-    "The cache options generate, compare and serve share: every `KVCacheConfig` field and every method parameter."
-    p.add_argument("--budget", type=int, default=None,
-                   help=f"average tokens kept per attention layer (default {DEFAULT_BUDGET} for a named method)")
-    p.add_argument("--n-sink", type=int, default=4, help="never-evicted prefix tokens")
-    p.add_argument("--recent", type=int, default=0, help="newest tokens never evicted (H2O's local window)")
-    p.add_argument("--kv-fraction", type=float, default=None,
-                   help="keep this share of the full cache's bytes (at bf16), set when the prompt's length is known "
-                        "(instead of --budget); the default method spends it on bits and tokens together")
-    p.add_argument("--compress", choices=("chunk", "prompt_end"), default=None,
-                   help="when layers choose: after every prefill chunk, or once the whole prompt is read")
-    p.add_argument("--slack", type=int, default=None, help="a choice keeps budget - slack tokens; the next slack evict "
-                   "nothing (the answer being copied)")
-    p.add_argument("--window-budget", type=int, default=None, help="tokens per sliding-window layer (the global "
-                   "layers share the rest)")
-    p.add_argument("--window-method", default=None, help="the method whose policy the sliding-window layers use")
-    p.add_argument("--kv-bits", type=_kv_bits, default=None, help="store kept keys and values at 8, 6, 5, 4, 3 or 2 "
-                   "bits, or 'auto' (the byte planner chooses every layer's width from --kv-fraction; the default "
-                   "method's choice); default: the model's dtype; on 'full': every token kept, quantized")
-    p.add_argument("--window-kv-bits", type=int, default=None, help="the sliding-window layers' bits when they differ "
-                   "from --kv-bits (16: the model's dtype)")
-    p.add_argument("--schedule", default=None, choices=("uniform", "pyramid", "squeeze"), help="how the layers share "
-                   "the budget, over any method's policy (default: the method's own)")
-    p.add_argument("--kv-group-size", type=int, default=None, help="elements per scale and bias: 32, 64 or 128")
-    p.add_argument("--kv-scheme", default=None, help="'kivi' (default: keys per channel, values per token, "
-                   "the newest tokens in full precision), 'group' (mlx-lm's layout: per-token groups along "
-                   "head_dim), or with "
-                   "--method full 'mlx' (mlx-lm's own QuantizedKVCache: global layers only)")
+    "The cache options generate, compare and serve share: every `KVCacheConfig` option field, every method parameter."
+    helps = docments(KVCacheConfig)
+    for f in config_options():
+        more = f"; default {DEFAULT_BUDGET} for a named method" if f.name == "budget" else ""
+        choices, default = f.metadata.get("choices"), f.default if f.metadata["cli"] == "field" else None
+        p.add_argument(_flag(f), dest=f.name, type=_option_type(f), choices=choices, default=default,
+                       help=_as_options(helps[f.name]) + more,
+                       metavar=None if choices else _flag(f)[2:].replace("-", "_").upper())
     for q in method_params():
         p.add_argument("--" + q.name.replace("_", "-"), dest=q.name, type=q.type, choices=q.choices, default=None,
                        help=_param_help(q))
@@ -411,7 +407,8 @@ def configs_from_args(args, methods:list)->list:
         if m == "auto": return given                       # the recommended method checks them
         return {k: v for k, v in given.items() if m in _REGISTRY and k in {q.name for q in _REGISTRY[m].params}}
     shared = {k: getattr(args, k) for k in CONFIG_FIELDS}
-    return [method_config(m, args.budget, args.n_sink, args.recent, own(m), **shared) for m in methods]
+    where = [shared.pop(k) for k in ("budget", "n_sink", "n_recent")]            # `method_config`'s own parameters
+    return [method_config(m, *where, own(m), **shared) for m in methods]
 
 def options_from_args(args, methods:list)->list:
     "One `RunOptions` per method (`configs_from_args`), with the run's token count and prefill chunk."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04a_methods.ipynb #3029c796
 from __future__ import annotations
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV
@@ -34,17 +34,26 @@ class Param:
             raise ValueError(f"`{self.name}` must be one of {self.choices}, got {value!r}")
         return value
 
+    @classmethod
+    def of(cls, owner:type, # the policy or schedule dataclass whose field this parameter sets
+           name:str, help:str, **kw)->Param: # the field's name, the parameter's help; `choices`, `cli`
+        "The parameter that is `owner`'s field `name`: its default and type read from the field, never written twice."
+        f = next(f for f in fields(owner) if f.name == name)
+        kind = {"int": int, "float": float, "str": str, "list": list}[f.type.split("|")[0].strip()]
+        return cls(name, f.default, kind, help, **kw)
+
 # %% ../nbs/04a_methods.ipynb #324a60c8
 SCORE = Param("score", "attention", str, "token score: the real queries' attention mass, or the key-as-query proxy",
               ("attention", "key_proxy"))
-BETA = Param("beta", 2.0, float, "PyramidKV's taper (>= 1; 1.0 is flat)")
-STRENGTH = Param("strength", 1.0, float, "SqueezeAttention's re-allocation strength in [0, 1] (0 is uniform)")
-SIGNAL = Param("signal", "hidden_cosine", str, "SqueezeAttention's layer signal", SIGNALS)
-RESOLVED = Param("resolved_budget", None, list, "a per-layer SqueezeAttention schedule given up front", cli=False)
-OBS_WINDOW = Param("obs_window", 32, int, "observation window: the last prompt queries whose attention chooses")
-KERNEL = Param("kernel", 7, int, "pooling width of the observation window's mass (odd; 1 is none)")
-POOL = Param("pool", "avg", str, "pooling of the observation window's mass", ("avg", "max"))
-CHUNK = Param("chunk", 10, int, "ChunkKV's chunk length in positions")
+BETA = Param.of(Pyramid, "beta", "PyramidKV's taper (>= 1; 1.0 is flat)")
+STRENGTH = Param.of(Squeeze, "strength", "SqueezeAttention's re-allocation strength in [0, 1] (0 is uniform)")
+SIGNAL = Param.of(Squeeze, "signal", "SqueezeAttention's layer signal", choices=SIGNALS)
+RESOLVED = Param.of(Squeeze, "resolved_budget", "a per-layer SqueezeAttention schedule given up front", cli=False)
+OBS_WINDOW = Param.of(ObservationWindow, "obs_window",
+                      "observation window: the last prompt queries whose attention chooses")
+KERNEL = Param.of(ObservationWindow, "kernel", "pooling width of the observation window's mass (odd; 1 is none)")
+POOL = Param.of(ObservationWindow, "pool", "pooling of the observation window's mass", choices=("avg", "max"))
+CHUNK = Param.of(ChunkKV, "chunk", "ChunkKV's chunk length in positions")
 
 # %% ../nbs/04a_methods.ipynb #2caa26fa
 @dataclass(frozen=True)
