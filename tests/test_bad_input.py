@@ -153,7 +153,8 @@ def test_for_model_keeps_non_attention_slots_of_a_hybrid_model():
         layers = [object()] * 3
         def make_cache(self): return [ArraysCache(2), KVCache(), ArraysCache(2)]
     caches = KVCacheBuilder.for_model(Hybrid(), KVCacheConfig.for_method("pyramidkv", 16))
-    assert [type(c).__name__ for c in caches] == ["ArraysCache", "PyramidKVCache", "ArraysCache"]
+    assert [type(c).__name__ for c in caches] == ["ArraysCache", "EvictingCache", "ArraysCache"]
+    assert caches[1].spec.method == "pyramidkv"
 
 # ---- coordinator -----------------------------------------------------------------------------------------------
 def test_coordinator_budgets_before_every_layer_reported():
