@@ -199,16 +199,22 @@ def _check_incoming(self:EvictingCache, keys, values):
                 raise ValueError(f"`{nm}` of shape {tuple(new.shape)} does not match the cache's "
                                  f"[B, n_kv_heads, *, head_dim] = {tuple(dims[:2])}, {d}")
 
-# %% ../nbs/03_cache.ipynb #c40c2461
+# %% ../nbs/03_cache.ipynb #f47f6aa8
 @patch
-def update_and_fetch(self:EvictingCache, keys, values):
-    "Store the incoming `[B, n_kv_heads, S, head_dim]` keys/values; return what this forward pass attends over."
-    self._check_incoming(keys, values)
+def _check_ready(self:EvictingCache):
+    "Refuse a pass this layer cannot serve: packed storage outside the hook, or a choice still waiting for attention."
     if self.store.needs_hook and self.store.empty(): self._check_hook()
     if self._pending:
         raise RuntimeError(f"policy {self.policy.name!r} needs the attention hook to score and trim after attention: "
                            "install it with veloxquant_mlx.cache.install_attention_hook() "
                            "(KVCacheBuilder.for_model does)")
+
+# %% ../nbs/03_cache.ipynb #c40c2461
+@patch
+def update_and_fetch(self:EvictingCache, keys, values):
+    "Store the incoming `[B, n_kv_heads, S, head_dim]` keys/values; return what this forward pass attends over."
+    self._check_incoming(keys, values)
+    self._check_ready()
     N, start = keys.shape[2], self.offset
     self._before_update(keys)
     self._prompt_end = self._deferring and N == 1          # the first one-token pass ends a prompt
@@ -279,19 +285,24 @@ def _held(self:EvictingCache, start:int):
     if order is None: return tuple(a[:, :, drop:self.count] for a in (self.positions, self._scores))
     return tuple(mx.take_along_axis(a[:, :, :self.count], order, axis=2) for a in (self.positions, self._scores))
 
+# %% ../nbs/03_cache.ipynb #0b5df00c
+@patch
+def _candidates(self:EvictingCache, start:int, B:int, H:int, N:int)->list:
+    "The held (positions, scores) followed by a chunk of `N` new tokens at `start` (scored zero so far)."
+    new_pos = mx.arange(start, start + N, dtype=mx.int32)
+    cand = [mx.broadcast_to(new_pos, (B, H, N)), mx.zeros((B, H, N), mx.float32)]
+    held = self._held(start)
+    return cand if held is None else [mx.concatenate([h, c], axis=2) for h, c in zip(held, cand)]
+
 # %% ../nbs/03_cache.ipynb #8eb7384c
 @patch
 def _update_concat(self:EvictingCache, keys, values, start:int):
     "A chunk (or a token that must be judged after attention): return `held ++ chunk`; keep what the policy chooses."
-    B, H, N, _ = keys.shape
-    new_pos = mx.arange(start, start + N, dtype=mx.int32)
-    cand = [mx.broadcast_to(new_pos, (B, H, N)), mx.zeros((B, H, N), mx.float32)]
-    held = self._held(start)
-    if held is not None: cand = [mx.concatenate([h, c], axis=2) for h, c in zip(held, cand)]
+    N = keys.shape[2]
+    self.positions, self._scores = self._candidates(start, *keys.shape[:3])
     self.store.append(keys, values)
-    self.positions, self._scores = cand
-    self.count, self._attn_pos = cand[0].shape[2], cand[0]
-    self._on_keys(keys, new_pos)
+    self.count, self._attn_pos = self.positions.shape[2], self.positions
+    self._on_keys(keys, mx.arange(start, start + N, dtype=mx.int32))
     kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
     elif self._select_due(): self._select(start + N)
@@ -403,6 +414,8 @@ def _remember(self:EvictingCache, queries, qpos, scale:float):
         qpos = mx.concatenate([self._obs_q[1], qpos])
     self._obs_q = (queries[:, :, -w:], qpos[-w:], scale)
 
+
+# %% ../nbs/03_cache.ipynb #831bf2a6
 @patch
 def _plain_attention(self:EvictingCache, queries, keys, values, scale, sinks, qpos):
     "The storage's attention with this layer's mask (no window to apply while one query sees every held token)."
@@ -422,6 +435,8 @@ def _query_mass(self:EvictingCache, got:dict, queries, keys, values, qpos, scale
     else: got["out"], m = None, self.store.query_mass(queries, keys, *args)
     return self._add_scores(self._scores, m)
 
+
+# %% ../nbs/03_cache.ipynb #da317dfd
 @patch
 def _window_mass(self:EvictingCache, keys, scale):
     "The mass the remembered observation queries give each held token."
@@ -443,21 +458,33 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     "Attention over what `update_and_fetch` returned, with this layer's own mask; the policy observes; then trim."
     N, p = queries.shape[2], self.policy
     qpos = mx.arange(self.offset - N, self.offset, dtype=mx.int32)
-    decode = N == 1 and not self._prompt_end
-    due = self._pending and self._select_due(decode)
-    choosing = due or self._prompt_end or (N > 1 and not self._deferring)
+    decode, due, choosing = self._moment(N)
     self._remember(queries, qpos, scale)
     got = {}                                              # the output, if the policy's mass brought it
-    mass = lambda: self._query_mass(got, queries, keys, values, qpos, scale, sinks, output)
-    self._scores = p.on_queries(self._scores, mass, N == 1 and not choosing)
+    self._scores = p.on_queries(self._scores, lambda: self._query_mass(got, queries, keys, values, qpos, scale, sinks,
+                                                                        output), N == 1 and not choosing)
     if "out" not in got and output: got["out"] = self._plain_attention(queries, keys, values, scale, sinks, qpos)
     if choosing: self._scores = p.on_window(self._scores, lambda: self._window_mass(keys, scale))
-    self._prompt_end = False
-    if self._pending:
-        self._pending = False
-        if due: self._select(self.offset, decode)
-        self._settle()
+    self._after_attention(due, decode)
     return got.get("out")
+
+# %% ../nbs/03_cache.ipynb #bd0e5ffb
+@patch
+def _moment(self:EvictingCache, N:int)->tuple:
+    "Where a pass of `N` queries stands: (a decoding step, a choice due after it, the observation window chooses now)."
+    decode = N == 1 and not self._prompt_end
+    due = self._pending and self._select_due(decode)
+    return decode, due, due or self._prompt_end or (N > 1 and not self._deferring)
+
+# %% ../nbs/03_cache.ipynb #b625a0ff
+@patch
+def _after_attention(self:EvictingCache, due:bool, decode:bool):
+    "The pass has attended: a choice that waited for the queries is made now, and the storage settles."
+    self._prompt_end = False
+    if not self._pending: return
+    self._pending = False
+    if due: self._select(self.offset, decode)
+    self._settle()
 
 # %% ../nbs/03_cache.ipynb #ab7a7274
 def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, window=None):
@@ -559,17 +586,20 @@ def trim(self:EvictingCache, n:int)->int:
                          "displaced are gone (speculative decoding and prompt-cache trimming need a budget that has "
                          "not filled)")
     n = min(self.count, n)
-    if not n: return 0
-    keep = self.count - n
-    if keep:                       # take back the mass the trimmed keys gave (the proxy's), as if they never came
-        self._on_keys(self.store.key_rows(keep, self.count), mx.arange(keep, self.count, dtype=mx.int32), sign=-1)
+    if n: self._forget_newest(self.count - n)
+    self.count -= n
+    self.offset -= n
+    return n
+
+# %% ../nbs/03_cache.ipynb #838f2879
+@patch
+def _forget_newest(self:EvictingCache, keep:int):
+    "Hold only the first `keep` slots, as if the others never came (the mass their keys gave is taken back)."
+    if keep: self._on_keys(self.store.key_rows(keep, self.count), mx.arange(keep, self.count, dtype=mx.int32), sign=-1)
     free = mx.arange(self.positions.shape[2]) >= keep
     self.positions = mx.where(free, _EMPTY_POS, self.positions)
     self._scores = mx.where(free, 0.0, self._scores)
     self.store.truncate(keep)
-    self.count -= n
-    self.offset -= n
-    return n
 
 # %% ../nbs/03_cache.ipynb #512e1fb3
 def hand_over(cache:EvictingCache)->tuple:
@@ -629,12 +659,13 @@ def report_hidden(self:EvictingCache, h, r, # the hidden states before and after
 SCORES = ("key_proxy", "attention", "window")  # the token scores of the preset classes
 
 def policy_for_score(score:str, # one of `SCORES`
-                     obs_window:int=32, # SnapKV's window, for score="window"
+                     obs_window:int|None=None, # SnapKV's window, for score="window" (None: the policy's default)
 )->Policy:
     "The policy a preset class's `score` names."
     if score not in SCORES: raise ValueError(f"`score` must be one of {SCORES}, got {score!r}")
     if score == "key_proxy": return KeyProxy()
     if score == "attention": return CumulativeAttention()
+    if obs_window is None: return ObservationWindow()
     return ObservationWindow(obs_window=_check_int("obs_window", obs_window, 1))
 
 # %% ../nbs/03_cache.ipynb #f66f89c0
