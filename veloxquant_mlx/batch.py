@@ -72,25 +72,30 @@ class BatchEvictingCache(_BaseCache):
         self._spans = self._fwd = None   # this pass: (first column, tokens) per row, and what each row returned
         self._step = None                # a vectorised step's (query positions, full rows), from update to attention
 
-    def __len__(self): return len(self.rows)
+# %% ../nbs/03b_batch.ipynb #637182d3
+@patch
+def __len__(self:BatchEvictingCache): return len(self.rows)
 
-    @property
-    def layer_budget(self)->list:
-        "Each row's budget."
-        return [r.budget for r in self.rows]
+@patch(as_prop=True)
+def layer_budget(self:BatchEvictingCache)->list:
+    "Each row's budget."
+    return [r.budget for r in self.rows]
 
-    @property
-    def tokens_kept(self)->list:
-        "Tokens each row holds."
-        return [r.count for r in self.rows]
+@patch(as_prop=True)
+def tokens_kept(self:BatchEvictingCache)->list:
+    "Tokens each row holds."
+    return [r.count for r in self.rows]
 
-    def size(self):
-        "The most tokens a row holds."
-        return max((r.count for r in self.rows), default=0)
+# %% ../nbs/03b_batch.ipynb #ce5428f0
+@patch
+def size(self:BatchEvictingCache):
+    "The most tokens a row holds."
+    return max((r.count for r in self.rows), default=0)
 
-    def empty(self):
-        "True while no row holds a token."
-        return self._packed is None and all(r.empty() for r in self.rows)
+@patch
+def empty(self:BatchEvictingCache):
+    "True while no row holds a token."
+    return self._packed is None and all(r.empty() for r in self.rows)
 
 # %% ../nbs/03b_batch.ipynb #b3b0000f
 @patch(cls_method=True)
@@ -328,9 +333,9 @@ def _fast_update(self:BatchEvictingCache, keys, values):
     room = [r.count < r.budget for r in rows]
     free = [x or p.evict_after for x in room]                 # TOVA attends over budget + 1 first, then drops one
     start = mx.array([r.offset for r in rows], mx.int32)
-    recent = mx.array([r.spec.recent for r in rows], mx.int32)[:, None, None]
     held = HeldArrays(K, V)
-    P, S = decode_step(held, P, S, keys, values, start, [r.count for r in rows], free, p, r0.spec.n_sink, r0.spec.window, recent)
+    P, S = decode_step(held, P, S, keys, values, start, [r.count for r in rows], free, p, r0.spec.n_sink,
+                       r0.spec.window, mx.array([r.spec.recent for r in rows], mx.int32)[:, None, None])
     for r, x in zip(rows, free): advance(r, 1, r.count < r.budget, not x)   # the row counts; the batch holds the arrays
     self._packed, self._step = (held.keys, held.values, P, S), (start, [not x for x in room])
     return held.keys, held.values
@@ -350,14 +355,25 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
         got["out"], m = rows_attention_with_mass(queries, K, V, P, start, scale, window)
         return m
     S = p.on_queries(S, mass, True)
-    if "out" in got: out = got["out"]
-    else:
-        B, Hq, _, _ = queries.shape
-        H, L = K.shape[1], K.shape[2]
-        m = visible(P, start[:, None, None], window)[:, :, None]                        # [B, H, 1, 1, L]
-        m = mx.broadcast_to(m, (B, H, Hq // H, 1, L)).reshape(B, Hq, 1, L)
-        out = _ORIGINAL_SDPA(queries, K, V, cache=self, scale=scale, mask=m, sinks=sinks)
-    if p.evict_after and any(full): K, V, P, S = self._drop_one(queries, (K, V, P, S), start, full, scale)
+    out = got["out"] if "out" in got else self._masked_attention(queries, K, V, P, start, scale, sinks)
+    return self._after_attention(queries, out, (K, V, P, S), start, full, scale)
+
+# %% ../nbs/03b_batch.ipynb #089ea75e
+@patch
+def _masked_attention(self:BatchEvictingCache, queries, K, V, P, start, scale:float, sinks):
+    "mlx-lm's fast attention of one query per row over the packed buffers, each row masked by its positions."
+    B, Hq, _, _ = queries.shape
+    H, L = K.shape[1], K.shape[2]
+    m = visible(P, start[:, None, None], self.rows[0].spec.window)[:, :, None]         # [B, H, 1, 1, L]
+    m = mx.broadcast_to(m, (B, H, Hq // H, 1, L)).reshape(B, Hq, 1, L)
+    return _ORIGINAL_SDPA(queries, K, V, cache=self, scale=scale, mask=m, sinks=sinks)
+
+# %% ../nbs/03b_batch.ipynb #8a9d5a00
+@patch
+def _after_attention(self:BatchEvictingCache, queries, out, arrs:tuple, start, full:list, scale:float):
+    "TOVA's drop on the full rows, the queries remembered, the packed buffers stored; `out` depending on them."
+    K, V, P, S = arrs
+    if self.rows[0].policy.evict_after and any(full): K, V, P, S = self._drop_one(queries, arrs, start, full, scale)
     deps = [S]
     if self._obs is not None: deps += self._roll_obs(queries, start, scale)
     self._packed = (K, V, P, S)
@@ -376,23 +392,29 @@ def _roll_obs(self:BatchEvictingCache, queries, start, scale)->list:
     self._obs = [Q, QP, [min(n + 1, Q.shape[2]) for n in n_obs], scale]
     return [Q, QP]
 
+# %% ../nbs/03b_batch.ipynb #7e2d826a
+@patch
+def _tova_victim(self:BatchEvictingCache, P, S, start)->mx.array:
+    "Each row's lowest-priority slot `[B, H]` by the scores `S` (sinks, recent tokens and the newcomer protected)."
+    r0 = self.rows[0]
+    protect = mx.array([max(r.spec.recent, 1, r.policy.obs_window) for r in self.rows], mx.int32)[:, None, None]
+    at = (start + 1)[:, None, None]
+    return mx.argmin(eviction_priority(S, P, r0.spec.n_sink, at, r0.spec.window, protect), axis=-1).astype(mx.int32)
+
 # %% ../nbs/03b_batch.ipynb #b3b00023
 @patch
 def _drop_one(self:BatchEvictingCache, queries, arrs:tuple, start, full:list, scale:float)->tuple:
     "TOVA on the full rows: score by this query, drop the least attended, move the last slot into its place."
     K, V, P, S = arrs
-    rows, r0 = self.rows, self.rows[0]
     B, H, L = P.shape
     isfull = mx.array(full)[:, None, None]
-    S = mx.where(isfull, row_weights(queries, K, P, start, scale, r0.spec.window).sum(axis=2), S)
-    protect = mx.array([max(r.spec.recent, 1, r.policy.obs_window) for r in rows], mx.int32)[:, None, None]
-    victim = mx.argmin(eviction_priority(S, P, r0.spec.n_sink, (start + 1)[:, None, None], r0.spec.window, protect), axis=-1)
-    last = mx.broadcast_to(mx.array([r.count for r in rows], mx.int32)[:, None], (B, H))
-    to = mx.where(isfull[:, :, 0], victim.astype(mx.int32), last)              # rows with room: a no-op move
+    S = mx.where(isfull, row_weights(queries, K, P, start, scale, self.rows[0].spec.window).sum(axis=2), S)
+    last = mx.broadcast_to(mx.array([r.count for r in self.rows], mx.int32)[:, None], (B, H))
+    to = mx.where(isfull[:, :, 0], self._tova_victim(P, S, start), last)       # rows with room: a no-op move
     take = lambda a: mx.take_along_axis(a, last[..., None, None] if a.ndim == 4 else last[..., None], axis=2)
     K, V, P, S = (scatter_slot(a, to, take(a)) for a in (K, V, P, S))
     gone = isfull & (mx.arange(L)[None, None] == last[..., None])
-    for r, f in zip(rows, full):
+    for r, f in zip(self.rows, full):
         if f: advance(r, 0, False, True)
     return K, V, mx.where(gone, _EMPTY_POS, P), mx.where(gone, 0.0, S)
 
@@ -419,6 +441,19 @@ def _alike(self:BatchEvictingCache, other:BatchEvictingCache)->bool:
     a, b = self.rows[0], other.rows[0]
     return type(a.policy) is type(b.policy) and a.spec.window == b.spec.window and a.spec.n_sink == b.spec.n_sink
 
+# %% ../nbs/03b_batch.ipynb #81bc0f20
+@patch
+def _stack(self:BatchEvictingCache, other:BatchEvictingCache):
+    "`other`'s packed buffers (and remembered queries) stacked after ours, both padded to a common width."
+    L = max(self._packed[0].shape[2], other._packed[0].shape[2])
+    a, b = self._pad_to(self._packed, L), other._pad_to(other._packed, L)
+    obs = None
+    if self._obs is not None or other._obs is not None:
+        w = max(r.policy.obs_window for r in self.rows + other.rows)
+        obs = self._pack_obs([self._obs_row(i) for i in range(len(self.rows))] +
+                             [other._obs_row(i) for i in range(len(other.rows))], w)
+    self._packed, self._obs = tuple(mx.concatenate([x, y], axis=0) for x, y in zip(a, b)), obs
+
 # %% ../nbs/03b_batch.ipynb #4d3ad397
 @patch
 def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer of the same model layer
@@ -430,14 +465,7 @@ def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer o
         self.rows, self._packed, self._obs = list(other.rows), other._packed, other._obs
         return
     if self._packed is not None and other._packed is not None and self._alike(other):
-        L = max(self._packed[0].shape[2], other._packed[0].shape[2])
-        a, b = self._pad_to(self._packed, L), other._pad_to(other._packed, L)
-        obs = None
-        if self._obs is not None or other._obs is not None:
-            w = max(r.policy.obs_window for r in self.rows + other.rows)
-            obs = self._pack_obs([self._obs_row(i) for i in range(len(self.rows))] +
-                                 [other._obs_row(i) for i in range(len(other.rows))], w)
-        self._packed, self._obs = tuple(mx.concatenate([x, y], axis=0) for x, y in zip(a, b)), obs
+        self._stack(other)
     else:
         if self._packed is not None: self._unpack()
         if other._packed is not None: other._unpack()
@@ -477,9 +505,15 @@ def greedy_batched(model, prompts:list, caches:list, max_tokens, # an int, or on
     from mlx_lm.generate import BatchGenerator
     n = len(prompts)
     mt = [max_tokens] * n if isinstance(max_tokens, int) else list(max_tokens)
-    arrivals = arrivals or [0] * n
     gen = BatchGenerator(model, stop_tokens=None, **kwargs)
-    uid, toks, done, step = {}, {}, {}, 0
+    out = _drive(gen, prompts, caches, mt, arrivals or [0] * n, on_step)
+    gen.close()
+    return out
+
+# %% ../nbs/03b_batch.ipynb #1a0cb0b8
+def _drive(gen, prompts:list, caches:list, mt:list, arrivals:list, on_step)->tuple:
+    "(tokens, final cache) per prompt: step `gen` until every prompt has finished, each inserted at its arrival step."
+    n, uid, toks, done, step = len(prompts), {}, {}, {}, 0
     while len(done) < n:
         new = [i for i in range(n) if arrivals[i] == step]
         if new:
@@ -492,7 +526,6 @@ def greedy_batched(model, prompts:list, caches:list, max_tokens, # an int, or on
         if on_step is not None: on_step(gen)
         step += 1
         if step > 100_000: raise RuntimeError("batch generation did not finish")
-    gen.close()
     return [toks[i] for i in range(n)], [done[i] for i in range(n)]
 
 # %% ../nbs/03b_batch.ipynb #b3b0002e

@@ -51,12 +51,12 @@ def pack_bits(ints:mx.array, # unsigned integers below 2**bits; last axis a mult
     words = (lo[..., None] * at(word)).sum(axis=-2) + (hi[..., None] * at(word + 1)).sum(axis=-2)
     return words.astype(mx.uint32).reshape(*lead, n * bits // 32)
 
+# %% ../nbs/03a_storage.ipynb #b8bd6083
 def affine_params(lo:mx.array, hi:mx.array, # each group's range [..., groups]
                   bits:int, dtype, # the stored dtype of scales and biases
 )->tuple:
     "(scales, biases) that map the integers 0..2**bits-1 onto [lo, hi]."
     return ((hi - lo) / (2 ** bits - 1)).astype(dtype), lo.astype(dtype)
-
 
 # %% ../nbs/03a_storage.ipynb #08169a06
 def encode_groups(x:mx.array, # values [..., n]
@@ -100,95 +100,153 @@ class Storage:
     nbytes:int # bytes held
     nbytes_bf16:int # bytes held with floating arrays at 2 bytes per element
 
-    def reset(self):
-        "Hold nothing."
-        raise NotImplementedError
-    def empty(self)->bool:
-        "True before the first token."
-        raise NotImplementedError
-    def write(self, i:int, keys, values):
-        "One token `[B, H, 1, D]` into free slot `i` (the layer has room)."
-        raise NotImplementedError
-    def grow(self, count:int, new_cap:int):
-        "Room for `new_cap` slots, the first `count` kept."
-        raise NotImplementedError
-    def view(self, count:int)->tuple:
-        "(keys, values) operands for attention over the first `count` slots."
-        raise NotImplementedError
-    def replace(self, victim:mx.array, keys, values):
-        "A full layer: the newcomer `[B, H, 1, D]` in, slot `victim` `[B, H]` out; the new order, or None (its slot)."
-        raise NotImplementedError
-    def drop_front(self, drop:int, count:int):
-        "Keep slots `drop..count-1`; the new order, or None (a slice)."
-        raise NotImplementedError
-    def append(self, keys, values):
-        "A chunk `[B, H, N, D]` after what is held (the layer chooses after this forward pass)."
-        raise NotImplementedError
-    def keep(self, idx:mx.array, count:int)->mx.array:
-        "Keep slots `idx` `[B, H, n]` (ascending) of the first `count`; the new order."
-        raise NotImplementedError
-    def settle(self):
-        "The forward pass is over and the layer has chosen: store what is held in its lasting form."
-    def truncate(self, keep:int):
-        "Forget every slot from `keep` on (mlx-lm's `trim`, before any eviction)."
-    def key_rows(self, a:int, b:int)->mx.array:
-        "The keys of slots `a..b-1` as floats `[B, H, b - a, D]`."
-        raise NotImplementedError
-    def put(self, slot:mx.array, keys, values, at:int|None=None):
-        "A decoding step's newcomers into `slot` `[B, H]` (`at`: every row's one free slot); the new order, or None."
-        return self.replace(slot, keys, values) if at is None else self.write(at, keys, values)
-    def key_mass(self, positions, new_keys, qpos, window:int|None, count:int)->mx.array:
-        "Key-as-query mass `[B, H, L]` that `new_keys` at `qpos` give the first `count` slots (zero after them)."
-        raise NotImplementedError
-    def attention(self, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None):
-        "Attention over `view`'s operands at positions `key_pos` (`window` None: every held token visible)."
-        raise NotImplementedError
-    def attention_with_mass(self, queries, keys, values, key_pos, query_pos, scale, window=None)->tuple:
-        "(attention, the mass `[B, H, L]` each key receives)."
-        raise NotImplementedError
-    def query_mass(self, queries, keys, key_pos, query_pos, scale, window=None)->mx.array:
-        "The mass `[B, H, L]` each key receives from `queries`."
-        raise NotImplementedError
-    def check_count(self, count:int):
-        "Raise a ValueError unless a loaded state's `count` fits what is held."
-        if count > self.slots: raise ValueError(f"state says count={count} but its keys hold {self.slots} slots")
-    def arrays(self)->tuple:
-        "(keys, values) as the cache exposes them."
-        raise NotImplementedError
-    def state(self)->tuple:
-        "(keys, values) for a saved state (default: as `arrays` gives them)."
-        return self.arrays()
-    def set_state(self, keys, values, meta:dict|None=None):
-        "Restore from `state()`."
-        raise NotImplementedError
-    def meta(self)->dict|None:
-        "What a saved state records of the format (None: float)."
-        raise NotImplementedError
-    def slot_lengths(self)->tuple:
-        "Lengths the cache's positions and scores must match."
-        raise NotImplementedError
+# %% ../nbs/03a_storage.ipynb #f333ef38
+@patch
+def reset(self:Storage):
+    "Hold nothing."
+    raise NotImplementedError
+
+@patch
+def empty(self:Storage)->bool:
+    "True before the first token."
+    raise NotImplementedError
+
+@patch
+def grow(self:Storage, count:int, new_cap:int):
+    "Room for `new_cap` slots, the first `count` kept."
+    raise NotImplementedError
+
+# %% ../nbs/03a_storage.ipynb #20efe883
+@patch
+def write(self:Storage, i:int, keys, values):
+    "One token `[B, H, 1, D]` into free slot `i` (the layer has room)."
+    raise NotImplementedError
+
+@patch
+def append(self:Storage, keys, values):
+    "A chunk `[B, H, N, D]` after what is held (the layer chooses after this forward pass)."
+    raise NotImplementedError
+
+@patch
+def put(self:Storage, slot:mx.array, keys, values, at:int|None=None):
+    "A decoding step's newcomers into `slot` `[B, H]` (`at`: every row's one free slot); the new order, or None."
+    return self.replace(slot, keys, values) if at is None else self.write(at, keys, values)
+
+# %% ../nbs/03a_storage.ipynb #b1e83c0b
+@patch
+def drop_front(self:Storage, drop:int, count:int):
+    "Keep slots `drop..count-1`; the new order, or None (a slice)."
+    raise NotImplementedError
+
+@patch
+def replace(self:Storage, victim:mx.array, keys, values):
+    "A full layer: the newcomer `[B, H, 1, D]` in, slot `victim` `[B, H]` out; the new order, or None (its slot)."
+    raise NotImplementedError
+
+@patch
+def keep(self:Storage, idx:mx.array, count:int)->mx.array:
+    "Keep slots `idx` `[B, H, n]` (ascending) of the first `count`; the new order."
+    raise NotImplementedError
+
+# %% ../nbs/03a_storage.ipynb #542ad86f
+@patch
+def settle(self:Storage):
+    "The forward pass is over and the layer has chosen: store what is held in its lasting form."
+
+@patch
+def truncate(self:Storage, keep:int):
+    "Forget every slot from `keep` on (mlx-lm's `trim`, before any eviction)."
+
+# %% ../nbs/03a_storage.ipynb #4bf65349
+@patch
+def view(self:Storage, count:int)->tuple:
+    "(keys, values) operands for attention over the first `count` slots."
+    raise NotImplementedError
+
+@patch
+def key_rows(self:Storage, a:int, b:int)->mx.array:
+    "The keys of slots `a..b-1` as floats `[B, H, b - a, D]`."
+    raise NotImplementedError
+
+# %% ../nbs/03a_storage.ipynb #5b0d779a
+@patch
+def attention(self:Storage, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None):
+    "Attention over `view`'s operands at positions `key_pos` (`window` None: every held token visible)."
+    raise NotImplementedError
+
+@patch
+def attention_with_mass(self:Storage, queries, keys, values, key_pos, query_pos, scale, window=None)->tuple:
+    "(attention, the mass `[B, H, L]` each key receives)."
+    raise NotImplementedError
+
+# %% ../nbs/03a_storage.ipynb #96fb8307
+@patch
+def query_mass(self:Storage, queries, keys, key_pos, query_pos, scale, window=None)->mx.array:
+    "The mass `[B, H, L]` each key receives from `queries`."
+    raise NotImplementedError
+
+@patch
+def key_mass(self:Storage, positions, new_keys, qpos, window:int|None, count:int)->mx.array:
+    "Key-as-query mass `[B, H, L]` that `new_keys` at `qpos` give the first `count` slots (zero after them)."
+    raise NotImplementedError
+
+# %% ../nbs/03a_storage.ipynb #943a9c6e
+@patch
+def check_count(self:Storage, count:int):
+    "Raise a ValueError unless a loaded state's `count` fits what is held."
+    if count > self.slots: raise ValueError(f"state says count={count} but its keys hold {self.slots} slots")
+
+@patch
+def arrays(self:Storage)->tuple:
+    "(keys, values) as the cache exposes them."
+    raise NotImplementedError
+
+@patch
+def state(self:Storage)->tuple:
+    "(keys, values) for a saved state (default: as `arrays` gives them)."
+    return self.arrays()
+
+# %% ../nbs/03a_storage.ipynb #ffd01021
+@patch
+def set_state(self:Storage, keys, values, meta:dict|None=None):
+    "Restore from `state()`."
+    raise NotImplementedError
+
+@patch
+def slot_lengths(self:Storage)->tuple:
+    "Lengths the cache's positions and scores must match."
+    raise NotImplementedError
+
+@patch
+def meta(self:Storage)->dict|None:
+    "What a saved state records of the format (None: float)."
+    raise NotImplementedError
 
 # %% ../nbs/03a_storage.ipynb #st000021
 class FloatStorage(HeldArrays, Storage):
     "Keys and values in the model's dtype: `HeldArrays` (notebook 02) with the rest of the storage interface."
 
-    def reset(self):
-        "Hold nothing."
-        self.keys = self.values = None
+# %% ../nbs/03a_storage.ipynb #0c0c2696
+@patch
+def reset(self:FloatStorage):
+    "Hold nothing."
+    self.keys = self.values = None
 
-    def empty(self)->bool:
-        "True before the first token."
-        return self.keys is None
+@patch
+def empty(self:FloatStorage)->bool:
+    "True before the first token."
+    return self.keys is None
 
-    @property
-    def dims(self):
-        "(B, H, head_dim, value head_dim) of what is held, None when empty."
-        return None if self.keys is None else (*self.keys.shape[:2], self.keys.shape[3], self.values.shape[3])
+@patch(as_prop=True)
+def dims(self:FloatStorage):
+    "(B, H, head_dim, value head_dim) of what is held, None when empty."
+    return None if self.keys is None else (*self.keys.shape[:2], self.keys.shape[3], self.values.shape[3])
 
-    @property
-    def slots(self)->int:
-        "Slots allocated."
-        return 0 if self.keys is None else self.keys.shape[2]
+# %% ../nbs/03a_storage.ipynb #9606dbc4
+@patch(as_prop=True)
+def slots(self:FloatStorage)->int:
+    "Slots allocated."
+    return 0 if self.keys is None else self.keys.shape[2]
 
 # %% ../nbs/03a_storage.ipynb #st000022
 @patch
@@ -301,28 +359,34 @@ class QuantizedStorage(Storage):
         self.bits, self.group_size = bits, group_size
         self.reset()
 
-    @property
-    def dims(self):
-        "(B, H, head_dim, value head_dim) of what is held, None when empty."
-        return self._dims
+# %% ../nbs/03a_storage.ipynb #0e9eca6a
+@patch(as_prop=True)
+def dims(self:QuantizedStorage):
+    "(B, H, head_dim, value head_dim) of what is held, None when empty."
+    return self._dims
 
-    def empty(self)->bool: return self._dims is None   # the first tokens record the shapes
+@patch
+def empty(self:QuantizedStorage)->bool: return self._dims is None   # the first tokens record the shapes
 
-    def _adopt(self, keys, values):
-        "Record the shapes and dtype of the first tokens (and refuse a head_dim the groups do not divide)."
-        need = (keys.shape[3], values.shape[3]) if self.scheme == "group" else (values.shape[3],)
-        for d in need:
-            if d % self.group_size:
-                raise ValueError(f"`kv_group_size`={self.group_size} must divide head_dim={d}: {self.scheme} storage "
-                                 "quantizes in groups along head_dim")
-        self._dims, self.dtype = (*keys.shape[:2], keys.shape[3], values.shape[3]), keys.dtype
+# %% ../nbs/03a_storage.ipynb #49b1b6ad
+@patch
+def _adopt(self:QuantizedStorage, keys, values):
+    "Record the shapes and dtype of the first tokens (and refuse a head_dim the groups do not divide)."
+    need = (keys.shape[3], values.shape[3]) if self.scheme == "group" else (values.shape[3],)
+    for d in need:
+        if d % self.group_size:
+            raise ValueError(f"`kv_group_size`={self.group_size} must divide head_dim={d}: {self.scheme} storage "
+                             "quantizes in groups along head_dim")
+    self._dims, self.dtype = (*keys.shape[:2], keys.shape[3], values.shape[3]), keys.dtype
 
-    def _qmm(self, x, packed, scales, biases, transpose:bool):
-        "`x` times the packed matrix (one per batch row and KV head, broadcast over the query heads), in float32."
-        p, s, b = (a[:, :, None] for a in (packed, scales, biases))
-        if x.dtype != s.dtype: x = x.astype(s.dtype)
-        y = mx.quantized_matmul(x, p, s, b, transpose=transpose, group_size=self.group_size, bits=self.bits)
-        return y if y.dtype == mx.float32 else y.astype(mx.float32)
+# %% ../nbs/03a_storage.ipynb #75d24500
+@patch
+def _qmm(self:QuantizedStorage, x, packed, scales, biases, transpose:bool):
+    "`x` times the packed matrix (one per batch row and KV head, broadcast over the query heads), in float32."
+    p, s, b = (a[:, :, None] for a in (packed, scales, biases))
+    if x.dtype != s.dtype: x = x.astype(s.dtype)
+    y = mx.quantized_matmul(x, p, s, b, transpose=transpose, group_size=self.group_size, bits=self.bits)
+    return y if y.dtype == mx.float32 else y.astype(mx.float32)
 
 # %% ../nbs/03a_storage.ipynb #8c3cfb6c
 @patch
@@ -418,20 +482,23 @@ def meta(self:QuantizedStorage)->dict:
 class GroupStorage(QuantizedStorage):
     "mlx-lm's layout: each token's key and value quantized on its own, in groups along head_dim."
     scheme = "group"
-    def reset(self):
-        "Hold nothing."
-        self.k = self.v = self._dims = self.dtype = None
 
-    @property
-    def slots(self)->int:
-        "Slots allocated."
-        return 0 if self.k is None else self.k[0].shape[2]
+# %% ../nbs/03a_storage.ipynb #c2813cb4
+@patch
+def reset(self:GroupStorage):
+    "Hold nothing."
+    self.k = self.v = self._dims = self.dtype = None
 
-    def _all(self)->tuple:
-        return () if self.k is None else (*self.k, *self.v)
+@patch(as_prop=True)
+def slots(self:GroupStorage)->int:
+    "Slots allocated."
+    return 0 if self.k is None else self.k[0].shape[2]
 
-    def _q(self, x)->tuple:
-        return quantize_groups(x, self.bits, self.group_size)
+@patch
+def _all(self:GroupStorage)->tuple: return () if self.k is None else (*self.k, *self.v)
+
+@patch
+def _q(self:GroupStorage, x)->tuple: return quantize_groups(x, self.bits, self.group_size)
 
 # %% ../nbs/03a_storage.ipynb #st000032
 @patch
@@ -543,30 +610,30 @@ def slot_lengths(self:GroupStorage)->tuple:
 class KiviStorage(QuantizedStorage):
     "KIVI: keys per channel in groups of tokens, values per token, the newest tokens in full precision."
     scheme = "kivi"
-    def reset(self):
-        "Hold nothing."
-        self.kp = self.vp = self.kr = self.vr = self._dims = self.dtype = None
-        self.P, self.repacks = 0, 0
 
-    @property
-    def slots(self)->int:
-        "Slots held: the quantized prefix and the residual (no spare slots)."
-        return 0 if self.kr is None else self.P + self.kr.shape[2]
+# %% ../nbs/03a_storage.ipynb #86be4eaf
+@patch
+def reset(self:KiviStorage):
+    "Hold nothing."
+    self.kp = self.vp = self.kr = self.vr = self._dims = self.dtype = None
+    self.P, self.repacks = 0, 0
 
-    def _all(self)->tuple:
-        return (*(self.kp or ()), *(self.vp or ()), self.kr, self.vr)
+@patch(as_prop=True)
+def slots(self:KiviStorage)->int:
+    "Slots held: the quantized prefix and the residual (no spare slots)."
+    return 0 if self.kr is None else self.P + self.kr.shape[2]
 
-    def _prefix_keys(self)->mx.array:
-        "The prefix keys dequantized, `[B, H, P, D]` (for re-packs and tests, never for attention)."
-        return dequantize_groups(*self.kp, self.bits, self.group_size).swapaxes(-1, -2)
+# %% ../nbs/03a_storage.ipynb #57edbc54
+@patch
+def _all(self:KiviStorage)->tuple: return (*(self.kp or ()), *(self.vp or ()), self.kr, self.vr)
 
-    def _prefix_values(self)->mx.array:
-        return dequantize_groups(*self.vp, self.bits, self.group_size)
+@patch
+def _prefix_keys(self:KiviStorage)->mx.array:
+    "The prefix keys dequantized, `[B, H, P, D]` (for re-packs and tests, never for attention)."
+    return dequantize_groups(*self.kp, self.bits, self.group_size).swapaxes(-1, -2)
 
-    def check_count(self, count:int):
-        "A KIVI state holds exactly `count` slots."
-        if count != self.slots:
-            raise ValueError(f"state says count={count} but its KIVI storage holds {self.slots} slots")
+@patch
+def _prefix_values(self:KiviStorage)->mx.array: return dequantize_groups(*self.vp, self.bits, self.group_size)
 
 # %% ../nbs/03a_storage.ipynb #st000038
 @patch
@@ -629,28 +696,35 @@ def mix(self:KiviStorage, w, values):
     out = w[..., P:] @ (vr if vr.dtype == mx.float32 else vr.astype(mx.float32))[:, :, None]
     return out if vq is None else out + self._qmm(w[..., :P], vq, vs, vb, transpose=False)
 
+# %% ../nbs/03a_storage.ipynb #16521ba1
+def _widened(ks, kb, # each group's scales and biases [B, H, D, n]
+             hole, # [B, H, 1, n, G]: the slots being refilled
+             f, # [B, H, D, n, G]: the fillers (read where `hole`)
+             bits:int)->tuple: # (scales, biases), changed only where a filler lies outside its group's range
+    "Each group's (scales, biases) widened to take in its fillers, never narrowed."
+    lo_old, hi_old = kb.astype(mx.float32), (kb + ks * (2 ** bits - 1)).astype(mx.float32)
+    lo = mx.minimum(lo_old, mx.where(hole, f, math.inf).min(axis=-1))
+    hi = mx.maximum(hi_old, mx.where(hole, f, -math.inf).max(axis=-1))
+    wider = (lo < lo_old) | (hi > hi_old)
+    s_new, b_new = affine_params(lo, hi, bits, ks.dtype)
+    return mx.where(wider, s_new, ks), mx.where(wider, b_new, kb)
+
 # %% ../nbs/03a_storage.ipynb #st000039
 @patch
 def _refill_keys(self:KiviStorage, kq, ks, kb, # key groups: [B, H, D, n * G * bits / 32], [B, H, D, n] twice
                  hole, # [B, H, n * G]: the slots to refill
                  fk): # float keys `[B, H, n * G or 1, D]` for them
     "The key groups with the `hole` slots refilled: ranges only widen; a group that lost no member stays as it was."
-    G, bits, L = self.group_size, self.bits, 2 ** self.bits - 1
+    G, bits = self.group_size, self.bits
     B, H, D, n = ks.shape
-    wg = G * bits // 32
     hm = hole[:, :, None, :]                                                    # [B, H, 1, n * G]
     f = mx.broadcast_to(fk.swapaxes(-1, -2).astype(mx.float32), (B, H, D, n * G))
     new = mx.where(hm, f, dequantize_groups(kq, ks, kb, bits, G).astype(mx.float32))
     hg, fg = hm.reshape(B, H, 1, n, G), f.reshape(B, H, D, n, G)
-    lo_old, hi_old = kb.astype(mx.float32), (kb + ks * L).astype(mx.float32)
-    lo = mx.minimum(lo_old, mx.where(hg, fg, math.inf).min(axis=-1))
-    hi = mx.maximum(hi_old, mx.where(hg, fg, -math.inf).max(axis=-1))
-    wider = (lo < lo_old) | (hi > hi_old)
-    s_new, b_new = affine_params(lo, hi, bits, ks.dtype)
-    ks2, kb2 = mx.where(wider, s_new, ks), mx.where(wider, b_new, kb)
+    ks2, kb2 = _widened(ks, kb, hg, fg, bits)
     dirty = hg.any(axis=-1)                                                     # [B, H, 1, n]: lost a member
-    words = encode_groups(new, ks2, kb2, bits, G).reshape(B, H, D, n, wg)
-    kq2 = mx.where(dirty[..., None], words, kq.reshape(B, H, D, n, wg)).reshape(kq.shape)
+    words = encode_groups(new, ks2, kb2, bits, G).reshape(B, H, D, n, -1)
+    kq2 = mx.where(dirty[..., None], words, kq.reshape(B, H, D, n, -1)).reshape(kq.shape)
     return kq2, mx.where(dirty, ks2, ks), mx.where(dirty, kb2, kb)
 
 # %% ../nbs/03a_storage.ipynb #c8fb822a
@@ -669,24 +743,39 @@ def _fill(self:KiviStorage, hole, fk, fv):
 def _fill_one(self:KiviStorage, victim, in_q, fk, fv):
     "Refill slot `victim` `[B, H]` (rows where `in_q`) with `fk`, `fv` `[B, H, 1, D]`: one key group, one value row."
     G = self.group_size
-    kq, ks, kb = self.kp
-    B, H, D, nG = ks.shape
-    wg = G * self.bits // 32
+    B, H, D, nG = self.kp[1].shape
     g = mx.minimum(victim // G, nG - 1)                              # a row without a hole rewrites its group as is
-    i3 = mx.broadcast_to(g.reshape(B, H, 1, 1), (B, H, D, 1))
-    i5 = mx.broadcast_to(g.reshape(B, H, 1, 1, 1), (B, H, D, 1, wg))
-    kq5 = kq.reshape(B, H, D, nG, wg)
-    group = (mx.take_along_axis(kq5, i5, axis=3).reshape(B, H, D, wg), mx.take_along_axis(ks, i3, axis=3),
-             mx.take_along_axis(kb, i3, axis=3))
+    by_group = (self.kp[0].reshape(B, H, D, nG, -1), self.kp[1][..., None], self.kp[2][..., None])  # groups: axis 3
+    at = lambda a: mx.broadcast_to(g.reshape(B, H, 1, 1, 1), (B, H, D, 1, a.shape[4]))
+    group = [mx.take_along_axis(a, at(a), axis=3)[:, :, :, 0] for a in by_group]   # its words, scales, biases
     hole = in_q[..., None] & (mx.arange(G) == (victim % G)[..., None])
-    nq, ns, nb = self._refill_keys(*group, hole, fk)
-    self.kp = (mx.put_along_axis(kq5, i5, nq.reshape(B, H, D, 1, wg), axis=3).reshape(kq.shape),
-               mx.put_along_axis(ks, i3, ns, axis=3), mx.put_along_axis(kb, i3, nb, axis=3))
+    new = self._refill_keys(*group, hole, fk)
+    self.kp = tuple(mx.put_along_axis(a, at(a), n[:, :, :, None], axis=3).reshape(o.shape)
+                    for a, n, o in zip(by_group, new, self.kp))
+    self._fill_row(victim, in_q, fv)
+
+# %% ../nbs/03a_storage.ipynb #783d4595
+@patch
+def _fill_row(self:KiviStorage, victim, in_q, fv):
+    "Quantize `fv` `[B, H, 1, Dv]` into value row `victim` `[B, H]` (rows where `in_q`; the others keep theirs)."
+    B, H = victim.shape
     slot, keep_old = mx.minimum(victim, self.P - 1).reshape(B, H, 1, 1), ~in_q.reshape(B, H, 1, 1)
     def row(a, new):
         at = mx.broadcast_to(slot, new.shape)
         return mx.put_along_axis(a, at, mx.where(keep_old, mx.take_along_axis(a, at, axis=2), new), axis=2)
-    self.vp = tuple(row(a, n) for a, n in zip(self.vp, quantize_groups(fv, self.bits, G)))
+    self.vp = tuple(row(a, n) for a, n in zip(self.vp, quantize_groups(fv, self.bits, self.group_size)))
+
+# %% ../nbs/03a_storage.ipynb #e2fc4c5a
+def _replace_order(victim, # [B, H]: each row's victim slot
+                   P:int, r:int, # the prefix and residual lengths
+                  )->mx.array: # [B, H, P + r] int32: for each new slot, the old slot (or `P + r`, the newcomer)
+    "The new order after one newcomer replaces `victim` in a KIVI layer."
+    count = P + r
+    in_q = victim < P
+    slots = mx.arange(count, dtype=mx.int32)[None, None]
+    first = mx.where(in_q, P if r else count, victim)[..., None]                # the residual shifts from here
+    order = slots + (slots >= first).astype(mx.int32)
+    return mx.where(in_q[..., None] & (slots == victim[..., None]), P if r else count, order)
 
 # %% ../nbs/03a_storage.ipynb #dd214da8
 @patch
@@ -696,12 +785,8 @@ def replace(self:KiviStorage, victim, keys, values):
     if P == 0:                                           # all in full precision: the newcomer takes the victim's slot
         self.kr, self.vr = scatter_slot(self.kr, victim, keys), scatter_slot(self.vr, victim, values)
         return None
-    count = P + r
     in_q = victim < P                                                           # [B, H]
-    slots = mx.arange(count, dtype=mx.int32)[None, None]
-    first = mx.where(in_q, P if r else count, victim)[..., None]                # the residual shifts from here
-    order = slots + (slots >= first).astype(mx.int32)
-    order = mx.where(in_q[..., None] & (slots == victim[..., None]), P if r else count, order)
+    order = _replace_order(victim, P, r)
     fk, fv = mx.concatenate([self.kr, keys], axis=2), mx.concatenate([self.vr, values], axis=2)
     self._fill_one(victim, in_q, fk[:, :, :1], fv[:, :, :1])
     rel = (order[:, :, P:] - P)[..., None]
@@ -718,23 +803,30 @@ def _unpack(self:KiviStorage):
     self.kp = self.vp = None
     self.P, self.repacks = 0, self.repacks + 1
 
+# %% ../nbs/03a_storage.ipynb #6000f283
+def _keep_order(idx, # [B, H, n]: the kept slots, ascending, n >= P
+                P:int, count:int, # the prefix length, the slots held
+               )->tuple: # (holes [B, H, P], the slot filling each, the new order [B, H, n])
+    "The holes a choice `idx` leaves in the prefix, the kept residual slot that fills each, and the new order."
+    B, H, n = idx.shape
+    kept = mx.put_along_axis(mx.zeros((B, H, count), mx.bool_), idx, mx.ones(idx.shape, mx.bool_), axis=2)[:, :, :P]
+    hole = ~kept
+    a = (idx < P).sum(axis=-1, keepdims=True)                                   # kept from the prefix, per row
+    src = mx.take_along_axis(idx, mx.clip(a + mx.cumsum(hole.astype(mx.int32), axis=-1) - 1, 0, n - 1), axis=2)
+    return hole, src, mx.concatenate([mx.where(hole, src, mx.arange(P, dtype=idx.dtype)), idx[:, :, P:]], axis=2)
+
 # %% ../nbs/03a_storage.ipynb #8fcae342
 @patch
 def keep(self:KiviStorage, idx, count:int):
     "Keep slots `idx`: holes in the prefix refilled by the first kept residual tokens; the new order."
-    P, r, n = self.P, self.kr.shape[2], idx.shape[2]
-    if n < P: self._unpack()
+    P, r = self.P, self.kr.shape[2]
+    if idx.shape[2] < P: self._unpack()
     if self.P == 0:
         take = lambda a: mx.take_along_axis(a, idx[..., None], axis=2)
         self.kr, self.vr = take(self.kr), take(self.vr)
         return idx
     if r == 0: return idx                                                       # n == P == count: nothing moves
-    B, H = idx.shape[:2]
-    kept = mx.put_along_axis(mx.zeros((B, H, count), mx.bool_), idx, mx.ones(idx.shape, mx.bool_), axis=2)[:, :, :P]
-    hole = ~kept
-    a = (idx < P).sum(axis=-1, keepdims=True)                                   # kept from the prefix, per row
-    src = mx.take_along_axis(idx, mx.clip(a + mx.cumsum(hole.astype(mx.int32), axis=-1) - 1, 0, n - 1), axis=2)
-    order = mx.concatenate([mx.where(hole, src, mx.arange(P, dtype=idx.dtype)), idx[:, :, P:]], axis=2)
+    hole, src, order = _keep_order(idx, P, count)
     fi = mx.clip(src - P, 0, r - 1)[..., None]
     self._fill(hole, mx.take_along_axis(self.kr, fi, axis=2), mx.take_along_axis(self.vr, fi, axis=2))
     rest = (idx[:, :, P:] - P)[..., None]
@@ -809,6 +901,13 @@ def set_state(self:KiviStorage, keys, values, meta:dict|None=None):
         raise ValueError(f"KIVI state says prefix={self.P} but its arrays hold {held} quantized slots")
     self._dims, self.dtype = (*self.kr.shape[:2], self.kr.shape[3], self.vr.shape[3]), self.kr.dtype
 
+# %% ../nbs/03a_storage.ipynb #52a3a0e2
+@patch
+def check_count(self:KiviStorage, count:int):
+    "A KIVI state holds exactly `count` slots."
+    if count != self.slots:
+        raise ValueError(f"state says count={count} but its KIVI storage holds {self.slots} slots")
+
 # %% ../nbs/03a_storage.ipynb #292a8f0b
 @patch
 def meta(self:KiviStorage)->dict:
@@ -831,6 +930,7 @@ def make_storage(kv_bits:int|None=None, # bits per element (one of `KV_BITS`); N
     check_kv_format(kv_bits, kv_group_size, kv_scheme)
     return FloatStorage() if kv_bits is None else STORAGES[kv_scheme](kv_bits, kv_group_size)
 
+# %% ../nbs/03a_storage.ipynb #9530462e
 def storage_from_meta(meta:dict|None)->Storage:
     "The storage a saved state names (None: float)."
     if meta is None: return FloatStorage()
