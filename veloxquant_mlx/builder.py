@@ -6,6 +6,8 @@
 from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
+import importlib
+from fastcore.basics import patch, patch_to
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache
@@ -51,6 +53,7 @@ def field_type(f)->Callable:
 DEFAULT_SCORE = SCORE.default  # measured (11_quality): the real queries beat the key-as-query proxy at every budget
 DEFAULT_SIGNAL = SIGNAL.default  # measured (11_quality): key dispersion moved budget the wrong way
 
+# %% ../nbs/05_builder.ipynb #d7ac88f9
 @dataclass
 class KVCacheConfig:
     "Which method, with which budget and parameters, for every attention layer of a model."
@@ -88,92 +91,12 @@ class KVCacheConfig:
             raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {self.method!r}")
         given = dict(self.params)
         self.params = self.entry.resolve(given)
-        if self.compress not in COMPRESS:
-            raise ValueError(f"`compress` must be one of {COMPRESS}, got {self.compress!r}")
-        if self.head_dim is not None: _check_int("head_dim", self.head_dim, 1)
-        _check_int("n_sink", self.n_sink, 0)
-        self._check_kv()
+        self._check_shared()
         if not self.entry.budgeted: return
         self._check_split()
         if self.kv_fraction is not None: return self._check_fraction()
-        if self.budget is None: raise ValueError(f"`budget` is required for method {self.method!r}")
-        _check_int("budget", self.budget, self.n_sink + 1)
-        hi = self.budget - self.n_sink - 1
-        if isinstance(self.n_recent, bool) or not isinstance(self.n_recent, int) or not 0 <= self.n_recent <= hi:
-            raise ValueError(f"`n_recent` must be an integer in [0, budget - n_sink - 1] = [0, {hi}], "
-                             f"got {self.n_recent!r}")
-        if self.entry.baseline: return
-        self.layer_schedule                                                     # validates the schedule's parameters
-        policy = self.policy if "obs_window" in given else self.policy.fitted(self.budget, self.n_sink)  # defaults fit
-        _check_int("slack", self.slack, 0, self.budget - self.n_sink - 1)
-        slack = fit(policy, self.budget, self.n_sink, self.n_recent, self.slack)[2]                           # fits
-        EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent, slack=slack)       # validates
-
-    def _check_split(self):
-        "The windowed layers' own budget and method, if given, must make sense."
-        if self.window_budget is not None: _check_int("window_budget", self.window_budget, self.n_sink + 1)
-        wm = self.window_method
-        ok = tuple(m for m, e in METHODS.items() if not e.baseline and not e.schedule(e.resolve({})).measures)
-        if wm is not None and wm not in ok:
-            raise ValueError(f"`window_method` must be one of {ok}, got {wm!r}")
-        if self.schedule not in (None, *SCHEDULES):
-            raise ValueError(f"`schedule` must be one of {SCHEDULES} (or None: the method's own), "
-                             f"got {self.schedule!r}")
-        uniform = self.entry.baseline or self.schedule_name == "uniform"
-        if self.window_budget is not None and not uniform:
-            raise ValueError(f"`window_budget` fixes the windowed layers' budgets: it needs the uniform schedule, "
-                             f"got {self.schedule_name!r} (method {self.method!r})")
-        if self.kv_bits == "auto" and not uniform:
-            raise ValueError(f"`kv_bits`='auto' divides the bytes itself: it needs the uniform schedule, got "
-                             f"{self.schedule_name!r}")
-
-    def _check_fraction(self):
-        "A budget given as a share of the full cache: set when the prompt's length is known."
-        _check_real("kv_fraction", self.kv_fraction, 0.0, 1.0)
-        if self.kv_fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
-        if self.budget is not None:
-            raise ValueError(f"give `budget` (tokens per layer) or `kv_fraction`, not both (got {self.budget} and "
-                             f"{self.kv_fraction})")
-        if self.compress != "prompt_end" and not self.entry.baseline:
-            raise ValueError("`kv_fraction` sets the budgets from the prompt's length, known at its end: it needs "
-                             f"compress='prompt_end', got {self.compress!r}")
-        _check_int("n_recent", self.n_recent, 0)
-        if not self.entry.baseline: self.policy
-
-    def _check_kv(self):
-        "The storage format, and whether this method can use it (mlx-lm's caches quantize only group-wise)."
-        if self.kv_bits == "auto": return self._check_auto()
-        mlx = self.kv_scheme == "mlx"
-        if mlx and "mlx" not in self.entry.kv_storage:
-            raise ValueError(f"`kv_scheme`='mlx' (mlx-lm's own QuantizedKVCache, which cannot evict) is for method "
-                             f"'full' only, got method {self.method!r}; its layout is kv_scheme='group'")
-        check_kv_format(self.kv_bits, self.kv_group_size, "group" if mlx else self.kv_scheme, self.head_dim)
-        if self.window_kv_bits is not None:
-            if mlx: raise ValueError("`window_kv_bits` needs this library's storage, not kv_scheme='mlx'")
-            if self.window_kv_bits != 16: check_kv_format(self.window_kv_bits, self.kv_group_size, self.kv_scheme)
-        if self.kv_bits is not None and self.entry.kv_storage == "none":
-            raise ValueError(f"method {self.method!r} keeps mlx-lm's float caches (`kv_bits`={self.kv_bits}): "
-                             "mlx-lm cannot quantize RotatingKVCache; 'streamingllm' is the same policy in this "
-                             "library's cache")
-
-    def layer_bits(self, windowed:bool=False)->int|None:
-        "Bits of a global (or sliding-window) layer's storage; None for the model's dtype (8 until 'auto' plans)."
-        if self.kv_bits == "auto": return 8
-        if not windowed or self.window_kv_bits is None: return self.kv_bits
-        return None if self.window_kv_bits == 16 else self.window_kv_bits
-
-    def _check_auto(self):
-        "`kv_bits='auto'`: the byte planner chooses every layer's width from `kv_fraction` at the prompt's end."
-        check_kv_format(4, self.kv_group_size, "kivi", self.head_dim)
-        why = ("needs `kv_fraction` (the share of bytes to plan)" if self.kv_fraction is None else
-               "needs kv_scheme='kivi'" if self.kv_scheme != "kivi" else
-               "chooses the widths itself: drop `window_kv_bits`" if self.window_kv_bits is not None else
-               "needs an eviction method" if not self.entry.budgeted or self.entry.baseline else None)
-        if why: raise ValueError(f"`kv_bits`='auto' {why} (method {self.method!r}, kv_fraction={self.kv_fraction})")
-
-    def storage(self, windowed:bool=False): # a sliding-window layer's storage (`window_kv_bits`)?
-        "A fresh storage for one layer: the model's dtype, or its bits in `kv_scheme`."
-        return make_storage(self.layer_bits(windowed), self.kv_group_size, self.kv_scheme)
+        self._check_budget()
+        if not self.entry.baseline: self._check_layer(given)
 
     def __getattr__(self, name):
         "The method's parameters read as attributes (`config.beta`)."
@@ -181,88 +104,226 @@ class KVCacheConfig:
         if params is not None and name in params: return params[name]
         raise AttributeError(f"{type(self).__name__} has no attribute or parameter {name!r}")
 
-    @property
-    def entry(self):
-        "The method's registry entry."
-        return METHODS[self.method]
+# %% ../nbs/05_builder.ipynb #4eb5337d
+@patch(as_prop=True)
+def entry(self:KVCacheConfig):
+    "The method's registry entry."
+    return METHODS[self.method]
 
-    @property
-    def policy(self):
-        "A fresh policy of this method (None for a baseline)."
-        return None if self.entry.baseline else self.entry.policy(self.params)
+@patch(as_prop=True)
+def policy(self:KVCacheConfig):
+    "A fresh policy of this method (None for a baseline)."
+    return None if self.entry.baseline else self.entry.policy(self.params)
 
-    @property
-    def schedule_name(self)->str|None:
-        "How the layers share the budget: `schedule`, else the method's own schedule's name (None for a baseline)."
-        if self.entry.baseline: return None
-        return self.schedule or self.entry.schedule(self.params).name
+# %% ../nbs/05_builder.ipynb #ea48e993
+@patch(as_prop=True)
+def schedule_name(self:KVCacheConfig)->str|None:
+    "How the layers share the budget: `schedule`, else the method's own schedule's name (None for a baseline)."
+    if self.entry.baseline: return None
+    return self.schedule or self.entry.schedule(self.params).name
 
-    @property
-    def layer_schedule(self):
-        "The schedule object: `schedule` over this budget or share, `kv_fraction`'s split (None for a baseline)."
-        if self.entry.baseline: return None
-        name, p = self.schedule_name, self.params
-        if self.kv_bits == "auto":
-            return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
-        if self.kv_fraction is not None and name in ("pyramid", "squeeze"):
-            return WeightedFraction(self.kv_fraction, name, p.get("beta", BETA.default),
-                                    p.get("strength", STRENGTH.default))
-        if self.schedule == "pyramid": return Pyramid(p.get("beta", BETA.default))
-        if self.schedule == "squeeze":
-            return Squeeze(p.get("strength", STRENGTH.default), p.get("signal", SIGNAL.default))
-        if self.kv_fraction is not None:
-            return KVFraction(self.kv_fraction, self.window_budget, self.layer_bits(), self.layer_bits(True),
-                              self.kv_group_size, self.kv_scheme)
-        if self.window_budget is not None: return WindowSplit(self.window_budget)
-        return self.entry.schedule(self.params)
+@patch(as_prop=True)
+def window_policy(self:KVCacheConfig):
+    "The policy of the sliding-window layers (the method's own unless `window_method` names another)."
+    if self.window_method is None: return self.policy
+    m = METHODS[self.window_method]
+    return m.policy(m.resolve({}))
 
-    @property
-    def window_policy(self):
-        "The policy of the sliding-window layers (the method's own unless `window_method` names another)."
-        if self.window_method is None: return self.policy
-        m = METHODS[self.window_method]
-        return m.policy(m.resolve({}))
+# %% ../nbs/05_builder.ipynb #4c76ab65
+@patch(as_prop=True)
+def layer_schedule(self:KVCacheConfig):
+    "The schedule object: `schedule` over this budget or share, `kv_fraction`'s split (None for a baseline)."
+    if self.entry.baseline: return None
+    name, p = self.schedule_name, self.params
+    if self.kv_bits == "auto" or self.kv_fraction is not None: return self._byte_schedule(name)
+    if self.schedule == "pyramid": return Pyramid(p.get("beta", BETA.default))
+    if self.schedule == "squeeze":
+        return Squeeze(p.get("strength", STRENGTH.default), p.get("signal", SIGNAL.default))
+    if self.window_budget is not None: return WindowSplit(self.window_budget)
+    return self.entry.schedule(self.params)
 
-    @property
-    def label(self)->str:
-        "A short name for tables: the method and its parameters that differ from the defaults."
-        defaults = self.entry.resolve({})
-        diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
-        diff += [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
-                 if f.metadata["label"] and getattr(self, f.name) != f.default]
-        return self.method + (f"[{','.join(diff)}]" if diff else "")
+# %% ../nbs/05_builder.ipynb #6f916c5e
+@patch
+def _byte_schedule(self:KVCacheConfig, name:str):
+    "The schedule of a share of bytes under schedule `name`: the byte planner, a weighted share, or `KVFraction`."
+    if self.kv_bits == "auto":
+        return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
+    p = self.params
+    if name in ("pyramid", "squeeze"):
+        return WeightedFraction(self.kv_fraction, name, p.get("beta", BETA.default),
+                                p.get("strength", STRENGTH.default))
+    return KVFraction(self.kv_fraction, self.window_budget, self.layer_bits(), self.layer_bits(True),
+                      self.kv_group_size, self.kv_scheme)
 
-    @classmethod
-    def from_label(cls, label:str, # e.g. "pyramidkv[score=key_proxy,beta=1.5]" (what `label` writes)
-                   budget:int|None=None, # average tokens per layer
-                   n_sink:int=4, # never-evicted prefix
-    )->KVCacheConfig:
-        "The configuration a `label` names (parameters parsed by their declared types)."
-        name, _, rest = label.partition("[")
-        if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
-        types = {p.name: p.type for p in METHODS[name].params}
-        types |= {f.name: field_type(f) for f in fields(cls) if f.metadata["label"]}
-        kwargs = {}
-        for part in filter(None, rest.rstrip("]").split(",")):
-            k, _, v = part.partition("=")
-            if k not in types: METHODS[name].resolve({k: v})                     # the registry's error
-            kwargs[k] = None if v == "None" else types[k](v)
-        return cls.for_method(name, budget, n_sink, **kwargs)
+# %% ../nbs/05_builder.ipynb #454bc21f
+@patch
+def layer_bits(self:KVCacheConfig, windowed:bool=False)->int|None:
+    "Bits of a global (or sliding-window) layer's storage; None for the model's dtype (8 until 'auto' plans)."
+    if self.kv_bits == "auto": return 8
+    if not windowed or self.window_kv_bits is None: return self.kv_bits
+    return None if self.window_kv_bits == 16 else self.window_kv_bits
 
-    @classmethod
-    def for_method(cls, method:str, # a registered method
-                   budget:int|None=None, # average tokens per layer
-                   n_sink:int=4, # never-evicted prefix
-                   **kwargs): # `n_recent`, `compress`, `slack`, `head_dim`, `kv_*`, and the method's own parameters
-        "Short form: `KVCacheConfig.for_method('pyramidkv', 128, beta=2.0)`."
-        shared = {k: kwargs.pop(k) for k in list(kwargs) if k in cls.__dataclass_fields__ and k != "params"}
-        return cls(method=method, budget=budget, n_sink=n_sink, params=kwargs, **shared)
+@patch
+def storage(self:KVCacheConfig, windowed:bool=False): # a sliding-window layer's storage (`window_kv_bits`)?
+    "A fresh storage for one layer: the model's dtype, or its bits in `kv_scheme`."
+    return make_storage(self.layer_bits(windowed), self.kv_group_size, self.kv_scheme)
+
+# %% ../nbs/05_builder.ipynb #4876c83f
+@patch
+def _check_shared(self:KVCacheConfig):
+    "The settings every method shares: `compress`, `head_dim`, `n_sink` and the storage."
+    if self.compress not in COMPRESS:
+        raise ValueError(f"`compress` must be one of {COMPRESS}, got {self.compress!r}")
+    if self.head_dim is not None: _check_int("head_dim", self.head_dim, 1)
+    _check_int("n_sink", self.n_sink, 0)
+    self._check_kv()
+
+# %% ../nbs/05_builder.ipynb #e8a26257
+@patch
+def _check_kv(self:KVCacheConfig):
+    "The storage format, and whether this method can use it (mlx-lm's caches quantize only group-wise)."
+    if self.kv_bits == "auto": return self._check_auto()
+    mlx = self.kv_scheme == "mlx"
+    if mlx and "mlx" not in self.entry.kv_storage:
+        raise ValueError(f"`kv_scheme`='mlx' (mlx-lm's own QuantizedKVCache, which cannot evict) is for method "
+                         f"'full' only, got method {self.method!r}; its layout is kv_scheme='group'")
+    check_kv_format(self.kv_bits, self.kv_group_size, "group" if mlx else self.kv_scheme, self.head_dim)
+    self._check_window_bits(mlx)
+    if self.kv_bits is not None and self.entry.kv_storage == "none":
+        raise ValueError(f"method {self.method!r} keeps mlx-lm's float caches (`kv_bits`={self.kv_bits}): "
+                         "mlx-lm cannot quantize RotatingKVCache; 'streamingllm' is the same policy in this "
+                         "library's cache")
+
+# %% ../nbs/05_builder.ipynb #c22685ed
+@patch
+def _check_window_bits(self:KVCacheConfig, mlx:bool): # is the scheme mlx-lm's own?
+    "`window_kv_bits`, if given: a valid format (16: the model's dtype), in this library's storage."
+    if self.window_kv_bits is None: return
+    if mlx: raise ValueError("`window_kv_bits` needs this library's storage, not kv_scheme='mlx'")
+    if self.window_kv_bits != 16: check_kv_format(self.window_kv_bits, self.kv_group_size, self.kv_scheme)
+
+# %% ../nbs/05_builder.ipynb #32baec7e
+@patch
+def _check_auto(self:KVCacheConfig):
+    "`kv_bits='auto'`: the byte planner chooses every layer's width from `kv_fraction` at the prompt's end."
+    check_kv_format(4, self.kv_group_size, "kivi", self.head_dim)
+    why = ("needs `kv_fraction` (the share of bytes to plan)" if self.kv_fraction is None else
+           "needs kv_scheme='kivi'" if self.kv_scheme != "kivi" else
+           "chooses the widths itself: drop `window_kv_bits`" if self.window_kv_bits is not None else
+           "needs an eviction method" if not self.entry.budgeted or self.entry.baseline else None)
+    if why: raise ValueError(f"`kv_bits`='auto' {why} (method {self.method!r}, kv_fraction={self.kv_fraction})")
+
+# %% ../nbs/05_builder.ipynb #47e80818
+@patch
+def _check_split(self:KVCacheConfig):
+    "The windowed layers' own budget and method, if given, must make sense."
+    if self.window_budget is not None: _check_int("window_budget", self.window_budget, self.n_sink + 1)
+    wm = self.window_method
+    ok = tuple(m for m, e in METHODS.items() if not e.baseline and not e.schedule(e.resolve({})).measures)
+    if wm is not None and wm not in ok:
+        raise ValueError(f"`window_method` must be one of {ok}, got {wm!r}")
+    self._check_schedule()
+
+# %% ../nbs/05_builder.ipynb #ff618b47
+@patch
+def _check_schedule(self:KVCacheConfig):
+    "`schedule` is one of `SCHEDULES`; a window budget and 'auto' bits need the uniform schedule."
+    if self.schedule not in (None, *SCHEDULES):
+        raise ValueError(f"`schedule` must be one of {SCHEDULES} (or None: the method's own), "
+                         f"got {self.schedule!r}")
+    uniform = self.entry.baseline or self.schedule_name == "uniform"
+    if self.window_budget is not None and not uniform:
+        raise ValueError(f"`window_budget` fixes the windowed layers' budgets: it needs the uniform schedule, "
+                         f"got {self.schedule_name!r} (method {self.method!r})")
+    if self.kv_bits == "auto" and not uniform:
+        raise ValueError(f"`kv_bits`='auto' divides the bytes itself: it needs the uniform schedule, got "
+                         f"{self.schedule_name!r}")
+
+# %% ../nbs/05_builder.ipynb #8392dbef
+@patch
+def _check_fraction(self:KVCacheConfig):
+    "A budget given as a share of the full cache: set when the prompt's length is known."
+    _check_real("kv_fraction", self.kv_fraction, 0.0, 1.0)
+    if self.kv_fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
+    if self.budget is not None:
+        raise ValueError(f"give `budget` (tokens per layer) or `kv_fraction`, not both (got {self.budget} and "
+                         f"{self.kv_fraction})")
+    if self.compress != "prompt_end" and not self.entry.baseline:
+        raise ValueError("`kv_fraction` sets the budgets from the prompt's length, known at its end: it needs "
+                         f"compress='prompt_end', got {self.compress!r}")
+    _check_int("n_recent", self.n_recent, 0)
+    if not self.entry.baseline: self.policy
+
+# %% ../nbs/05_builder.ipynb #34eaa7a1
+@patch
+def _check_budget(self:KVCacheConfig):
+    "A budget in tokens: given, above the sinks, with room for the protected recent tokens and one evictable slot."
+    if self.budget is None: raise ValueError(f"`budget` is required for method {self.method!r}")
+    _check_int("budget", self.budget, self.n_sink + 1)
+    hi = self.budget - self.n_sink - 1
+    if isinstance(self.n_recent, bool) or not isinstance(self.n_recent, int) or not 0 <= self.n_recent <= hi:
+        raise ValueError(f"`n_recent` must be an integer in [0, budget - n_sink - 1] = [0, {hi}], "
+                         f"got {self.n_recent!r}")
+
+# %% ../nbs/05_builder.ipynb #c5bc3a31
+@patch
+def _check_layer(self:KVCacheConfig, given:dict): # the parameters given (before the defaults)
+    "A layer of this method at `budget` can be built: its schedule, its policy fitted to the budget, the slack."
+    self.layer_schedule                                                     # validates the schedule's parameters
+    policy = self.policy if "obs_window" in given else self.policy.fitted(self.budget, self.n_sink)  # defaults fit
+    _check_int("slack", self.slack, 0, self.budget - self.n_sink - 1)
+    slack = fit(policy, self.budget, self.n_sink, self.n_recent, self.slack)[2]                           # fits
+    EvictingCache(self.budget, self.n_sink, policy=policy, recent=self.n_recent, slack=slack)       # validates
+
+# %% ../nbs/05_builder.ipynb #a5f4b458
+@patch(cls_method=True)
+def for_method(cls:KVCacheConfig, method:str, # a registered method
+               budget:int|None=None, # average tokens per layer
+               n_sink:int=4, # never-evicted prefix
+               **kwargs): # `n_recent`, `compress`, `slack`, `head_dim`, `kv_*`, and the method's own parameters
+    "Short form: `KVCacheConfig.for_method('pyramidkv', 128, beta=2.0)`."
+    shared = {k: kwargs.pop(k) for k in list(kwargs) if k in cls.__dataclass_fields__ and k != "params"}
+    return cls(method=method, budget=budget, n_sink=n_sink, params=kwargs, **shared)
+
+# %% ../nbs/05_builder.ipynb #0d0e1bc7
+@patch(as_prop=True)
+def label(self:KVCacheConfig)->str:
+    "A short name for tables: the method and its parameters that differ from the defaults."
+    defaults = self.entry.resolve({})
+    diff = [f"{k}={v}" for k, v in self.params.items() if v != defaults[k]]
+    diff += [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+             if f.metadata["label"] and getattr(self, f.name) != f.default]
+    return self.method + (f"[{','.join(diff)}]" if diff else "")
+
+# %% ../nbs/05_builder.ipynb #acd6a143
+@patch(cls_method=True)
+def _label_types(cls:KVCacheConfig, name:str)->dict:
+    "How each `key=value` of a label of method `name` parses: its parameters' types, then the labelled fields'."
+    types = {p.name: p.type for p in METHODS[name].params}
+    return types | {f.name: field_type(f) for f in fields(cls) if f.metadata["label"]}
+
+# %% ../nbs/05_builder.ipynb #1a5b5059
+@patch(cls_method=True)
+def from_label(cls:KVCacheConfig, label:str, # e.g. "pyramidkv[score=key_proxy,beta=1.5]" (what `label` writes)
+               budget:int|None=None, # average tokens per layer
+               n_sink:int=4, # never-evicted prefix
+)->KVCacheConfig:
+    "The configuration a `label` names (parameters parsed by their declared types)."
+    name, _, rest = label.partition("[")
+    if name not in METHODS: raise ValueError(f"`method` must be one of {tuple(METHODS)}, got {name!r}")
+    types, kwargs = cls._label_types(name), {}
+    for part in filter(None, rest.rstrip("]").split(",")):
+        k, _, v = part.partition("=")
+        if k not in types: METHODS[name].resolve({k: v})                     # the registry's error
+        kwargs[k] = None if v == "None" else types[k](v)
+    return cls.for_method(name, budget, n_sink, **kwargs)
 
 # %% ../nbs/05_builder.ipynb #a8059f98
 DEFAULT_FRACTION = 0.25  # the share of the full cache kept when neither a fraction nor a budget is given
 RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", kv_bits="auto",
                    params=dict(chunk=16))  # measured: every task, two families each (the every-task page)
 
+# %% ../nbs/05_builder.ipynb #06dab954
 def recommended_config(kv_fraction:float|None=None, # share of the full cache's bf16 bytes (default DEFAULT_FRACTION)
                        budget:int|None=None, # or: average tokens per layer
                        **overrides, # any KVCacheConfig field or method parameter
@@ -307,6 +368,7 @@ class KVCacheFactory:
 
 # %% ../nbs/05_builder.ipynb #fdafc422
 def _base_caches(model):
+    "The model's own cache list: mlx-lm's `make_cache`, else one `KVCache` per layer."
     make = getattr(type(model), "make_cache", None)
     if make is not None: return make(model)
     if not hasattr(model, "layers"):
@@ -321,20 +383,46 @@ def _attention_slots(base):
         elif type(c) is RotatingKVCache: slots.append((i, c.max_size))
     return slots
 
+# %% ../nbs/05_builder.ipynb #8fccb13c
+def _slots_of(model, config:KVCacheConfig, hd:int|None)->tuple:
+    "The model's own cache list and its attention slots (an error if it has none, or another head_dim than `config`)."
+    base = _base_caches(model)
+    slots = _attention_slots(base)
+    if not slots:
+        kinds = sorted({type(c).__name__ for c in base})
+        raise ValueError(f"{type(model).__name__}: no attention layer found among its {len(base)} cache slots "
+                         f"(slot types {kinds}); eviction needs KVCache or RotatingKVCache layers")
+    if config.head_dim is not None and hd is not None and config.head_dim != hd:
+        raise ValueError(f"`head_dim` is {config.head_dim} in the config but the model's is {hd}")
+    return base, slots
+
+# %% ../nbs/05_builder.ipynb #f8575e09
 def _model_head_dim(model):
+    "The model's head_dim, from its args (None when they do not say)."
     args = getattr(model, "args", None)
     hd = getattr(args, "head_dim", None)
     if hd is None and args is not None and getattr(args, "num_attention_heads", None):
         hd = args.hidden_size // args.num_attention_heads
     return hd
 
+def _model_storage(model, config:KVCacheConfig)->tuple:
+    "(head_dim, unpacked): fixed widths checked against the model's head_dim; unpacked: 'auto' must plan floats."
+    hd = _model_head_dim(model)
+    if config.kv_bits not in (None, "auto"):                      # groups along head_dim must divide it
+        scheme = "group" if config.kv_scheme == "mlx" else config.kv_scheme
+        check_kv_format(config.kv_bits, config.kv_group_size, scheme, hd)
+    return hd, config.kv_bits == "auto" and hd is not None and hd % config.kv_group_size != 0  # planner: floats
+
 # %% ../nbs/05_builder.ipynb #252590a3
 def _cache_arg(args, kwargs):
+    "The `cache` argument of a block's or an attention module's call."
     return kwargs["cache"] if "cache" in kwargs else (args[1] if len(args) > 1 else None)
 
 def _attn_name(block):
+    "The name of a transformer block's self-attention module (None if it has none of the usual names)."
     return next((n for n in ("self_attn", "attention", "attn") if hasattr(block, n)), None)
 
+# %% ../nbs/05_builder.ipynb #4b88d902
 def _hidden_cosine(x, r)->float:
     "Mean cosine between the hidden states `x` and `x + r` over tokens and batch (float32, one host sync)."
     a, b = x.astype(mx.float32), (x + r).astype(mx.float32)
@@ -342,79 +430,88 @@ def _hidden_cosine(x, r)->float:
     den = mx.sqrt((a * a).sum(-1) * (b * b).sum(-1))
     return float(mx.where(den > 0, num / mx.maximum(den, 1e-30), 1.0).mean().item())
 
+# %% ../nbs/05_builder.ipynb #cbdc2fb4
 _HIDDEN_IN = {}  # id(cache) -> (block, hidden state in): from a block's call to its attention's
 
-def install_hidden_signal_hooks(model, layer_ids=None):
-    "Let SqueezeAttention caches measure the hidden-state cosine around their layer's self-attention (idempotent)."
+def _block_call(orig):
+    "A transformer block's `__call__` that first leaves its input for its attention module, for a waiting cache."
+    def call(self, x, *args, _orig=orig, **kwargs):
+        c = _cache_arg(args, kwargs)
+        if hasattr(c, "report_hidden"): _HIDDEN_IN[id(c)] = (self, x)
+        return _orig(self, x, *args, **kwargs)
+    return call
+
+# %% ../nbs/05_builder.ipynb #0e5d44a7
+def _attn_call(orig):
+    "An attention module's `__call__` that reports the hidden-state cosine around itself to a waiting cache."
+    def call(self, x, *args, _orig=orig, **kwargs):
+        out = _orig(self, x, *args, **kwargs)
+        c = _cache_arg(args, kwargs)
+        blk, h = _HIDDEN_IN.pop(id(c), (None, None))
+        if blk is not None:
+            r = blk.post_attention_layernorm(out) if hasattr(blk, "pre_feedforward_layernorm") else out
+            import veloxquant_mlx.builder as package   # the package's copy, whichever copy patched
+            c.report_hidden(h, r, package._hidden_cosine)     # measured if its schedule waits for it
+        return out
+    return call
+
+# %% ../nbs/05_builder.ipynb #397543d0
+def _signal_blocks(model, layer_ids=None)->list:
+    "The transformer blocks `layer_ids` (default: all) of `model`, each checked to have a self-attention module."
     layers = getattr(getattr(model, "model", model), "layers", None) or getattr(model, "layers", None)
     if not layers:
         raise ValueError(f"{type(model).__name__}: no `layers` found: the hidden-cosine signal needs transformer "
                          "blocks")
-    missing = [i for i in (layer_ids if layer_ids is not None else range(len(layers))) if _attn_name(layers[i]) is None]
+    ids = layer_ids if layer_ids is not None else range(len(layers))
+    missing = [i for i in ids if _attn_name(layers[i]) is None]
     if missing:
         raise ValueError(f"signal='hidden_cosine': layers {missing} have no self_attn/attention/attn module; "
                          "use 'key_dispersion'")
-    for i in (layer_ids if layer_ids is not None else range(len(layers))):
-        block = layers[i]
+    return [layers[i] for i in ids]
+
+# %% ../nbs/05_builder.ipynb #3a3ccc20
+def install_hidden_signal_hooks(model, layer_ids=None):
+    "Let SqueezeAttention caches measure the hidden-state cosine around their layer's self-attention (idempotent)."
+    for block in _signal_blocks(model, layer_ids):
         attn = getattr(block, _attn_name(block))
-        for cls, kind in ((type(block), "block"), (type(attn), "attn")):
+        for cls, wrap in ((type(block), _block_call), (type(attn), _attn_call)):
             if "_veloxquant_orig_call" in cls.__dict__: continue          # patched already (by any copy of this code)
             orig = cls.__call__
-            if kind == "block":
-                def call(self, x, *args, _orig=orig, **kwargs):
-                    c = _cache_arg(args, kwargs)
-                    if hasattr(c, "report_hidden"): _HIDDEN_IN[id(c)] = (self, x)
-                    return _orig(self, x, *args, **kwargs)
-            else:
-                def call(self, x, *args, _orig=orig, **kwargs):
-                    out = _orig(self, x, *args, **kwargs)
-                    c = _cache_arg(args, kwargs)
-                    blk, h = _HIDDEN_IN.pop(id(c), (None, None))
-                    if blk is not None:
-                        r = blk.post_attention_layernorm(out) if hasattr(blk, "pre_feedforward_layernorm") else out
-                        import veloxquant_mlx.builder as package   # the package's copy, whichever copy patched
-                        c.report_hidden(h, r, package._hidden_cosine)     # measured if its schedule waits for it
-                    return out
-            cls._veloxquant_orig_call = orig
-            cls.__call__ = call
+            cls._veloxquant_orig_call, cls.__call__ = orig, wrap(orig)
 
 # %% ../nbs/05_builder.ipynb #c2655cdf
+def _plan(model, config:KVCacheConfig, slots:list, unpacked:bool)->tuple:
+    "(budgets, coordinator): the schedule's per-slot budgets, or Nones and the coordinator that sets them later."
+    schedule = replace(config.layer_schedule, ladder=()) if unpacked else config.layer_schedule
+    plan = schedule.plan(len(slots), config.budget, config.n_sink, [w for _, w in slots])
+    co = None if isinstance(plan, list) else plan                      # a coordinator sets the budgets later
+    if getattr(co, "signal", None) == "hidden_cosine": install_hidden_signal_hooks(model, [i for i, _ in slots])
+    return ([None] * len(slots) if co is not None else plan), co
+
+# %% ../nbs/05_builder.ipynb #1b05993b
 class KVCacheBuilder:
     "Builds the per-layer cache list of a model for a config."
     @staticmethod
     def for_model(model:nn.Module, # an mlx-lm model
                   config:KVCacheConfig): # the method and its budget
         "The prompt cache to pass as `prompt_cache=` to `mlx_lm.generate` / `stream_generate`."
-        hd = _model_head_dim(model)
-        unpacked = config.kv_bits == "auto" and hd is not None and hd % config.kv_group_size != 0  # planner: floats
-        if config.kv_bits not in (None, "auto"):                      # groups along head_dim must divide it
-            scheme = "group" if config.kv_scheme == "mlx" else config.kv_scheme
-            check_kv_format(config.kv_bits, config.kv_group_size, scheme, hd)
+        hd, unpacked = _model_storage(model, config)
         if config.entry.baseline: return config.entry.build(model, config)
-        base = _base_caches(model)
-        slots = _attention_slots(base)
-        if not slots:
-            kinds = sorted({type(c).__name__ for c in base})
-            raise ValueError(f"{type(model).__name__}: no attention layer found among its {len(base)} cache slots "
-                             f"(slot types {kinds}); eviction needs KVCache or RotatingKVCache layers")
-        if config.head_dim is not None and hd is not None and config.head_dim != hd:
-            raise ValueError(f"`head_dim` is {config.head_dim} in the config but the model's is {hd}")
-        schedule = replace(config.layer_schedule, ladder=()) if unpacked else config.layer_schedule
-        plan = schedule.plan(len(slots), config.budget, config.n_sink, [w for _, w in slots])
-        co = None if isinstance(plan, list) else plan                      # a coordinator sets the budgets later
-        if getattr(co, "signal", None) == "hidden_cosine": install_hidden_signal_hooks(model, [i for i, _ in slots])
-        budgets = [None] * len(slots) if co is not None else plan
+        base, slots = _slots_of(model, config, hd)
+        budgets, co = _plan(model, config, slots, unpacked)
         caches = list(base)
         for j, ((i, w), b) in enumerate(zip(slots, budgets)):
             caches[i] = _layer(config, b, w, unpacked, coordinator=co, layer_idx=j)
         install_attention_hook()
         return caches
 
-    @staticmethod
-    def install(model:nn.Module, config:KVCacheConfig):
-        "Make `model.make_cache()` (and so mlx-lm's `make_prompt_cache`) return fresh caches of this config."
-        model.make_cache = lambda: KVCacheBuilder.for_model(model, config)
-        return model
+# %% ../nbs/05_builder.ipynb #e5ed74ac
+@patch_to(KVCacheBuilder, static_method=True)
+def install(model:nn.Module, # an mlx-lm model
+            config:KVCacheConfig): # the method and its budget
+    "Make `model.make_cache()` (and so mlx-lm's `make_prompt_cache`) return fresh caches of this config."
+    model.make_cache = lambda: KVCacheBuilder.for_model(model, config)
+    return model
 
 # %% ../nbs/05_builder.ipynb #e21de948
 def coordinator_of(caches):
@@ -444,6 +541,7 @@ def cache_summary(caches)->list:
                          nbytes_bf16=kv_nbytes_bf16(c) if nb is not None else None))
     return rows
 
+# %% ../nbs/05_builder.ipynb #0138046f
 def kv_nbytes_bf16(cache)->int|None:
     "KV bytes of any cache as held on Apple silicon: floating arrays at 2 bytes per element, packed integers as is."
     if isinstance(cache, EvictingCache): return cache.store.nbytes_bf16
@@ -451,21 +549,25 @@ def kv_nbytes_bf16(cache)->int|None:
     return bf16_nbytes((cache.keys, cache.values))
 
 # %% ../nbs/05_builder.ipynb #2a7d99bc
+def _tiny_args(arch:str, sliding_window:int)->dict:
+    "The model type and the architecture's own fields of a tiny `arch` model."
+    if arch == "llama": return dict(model_type="llama", rope_theta=10000.0, tie_word_embeddings=True)
+    if arch == "qwen3": return dict(model_type="qwen3", rope_theta=1e6, tie_word_embeddings=True)
+    if arch == "gemma3":
+        return dict(model_type="gemma3_text", num_key_value_heads=1, sliding_window=sliding_window,
+                    sliding_window_pattern=3, query_pre_attn_scalar=16, rope_theta=1e6, rope_local_base_freq=1e4)
+    raise ValueError(f"`arch` must be 'llama', 'qwen3' or 'gemma3', got {arch!r}")
+
+# %% ../nbs/05_builder.ipynb #9332eaa6
 def tiny_model(arch:str="llama", # "llama", "qwen3" or "gemma3"
                n_layers:int=4, # transformer layers
                sliding_window:int=16, # gemma3 only: the local layers' window
                seed:int=0, # weights seed
                **overrides): # other ModelArgs fields
     "A small random-weight mlx-lm model (float32) for tests and benchmarks."
-    import importlib
     base = dict(hidden_size=64, num_hidden_layers=n_layers, intermediate_size=128, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=256, max_position_embeddings=4096)
-    if arch == "llama": cfg = dict(model_type="llama", rope_theta=10000.0, tie_word_embeddings=True)
-    elif arch == "qwen3": cfg = dict(model_type="qwen3", rope_theta=1e6, tie_word_embeddings=True)
-    elif arch == "gemma3":
-        cfg = dict(model_type="gemma3_text", num_key_value_heads=1, sliding_window=sliding_window,
-                   sliding_window_pattern=3, query_pre_attn_scalar=16, rope_theta=1e6, rope_local_base_freq=1e4)
-    else: raise ValueError(f"`arch` must be 'llama', 'qwen3' or 'gemma3', got {arch!r}")
+    cfg = _tiny_args(arch, sliding_window)
     mod = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
     args = mod.ModelArgs.from_dict({**base, **cfg, **overrides})
     mx.random.seed(seed)
@@ -480,6 +582,7 @@ def prompt_logits(model, prompt:mx.array, caches, chunk:int|None=None):
     for a in range(0, prompt.shape[1], chunk): out = model(prompt[:, a:a + chunk], cache=caches)
     return out
 
+# %% ../nbs/05_builder.ipynb #1fa37c53
 def greedy(model, prompt:mx.array, caches, n:int, chunk:int|None=None):
     "Greedy-decode `n` tokens after `prompt`; returns (tokens, per-step last logits)."
     out = prompt_logits(model, prompt, caches, chunk)
@@ -502,7 +605,8 @@ def record_attention(caches):
             positions = _c._attn_pos                                   # read before the layer trims
             out = _orig(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
             N = queries.shape[2]
-            log.append((queries, keys, values, positions, mx.arange(_c.offset - N, _c.offset), scale, _c.spec.window, out))
+            qpos = mx.arange(_c.offset - N, _c.offset)
+            log.append((queries, keys, values, positions, qpos, scale, _c.spec.window, out))
             return out
         c.attention = rec
     return log

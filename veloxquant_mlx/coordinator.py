@@ -4,6 +4,7 @@
 
 # %% ../nbs/04_coordinator.ipynb #f49d83bf
 from __future__ import annotations
+from fastcore.basics import patch
 from .allocators import squeeze_budgets, allocate_exact, _check_int, _check_real
 
 # %% auto #0
@@ -20,23 +21,28 @@ class Coordinator:
             raise ValueError(f"`n_layers` must be an integer >= 1, got {n_layers!r}")
         self.n_layers, self.layers, self._budgets = n_layers, {}, None
 
-    def register(self, layer_idx:int, cache):
-        "Attach a layer's cache."
-        if not 0 <= layer_idx < self.n_layers:
-            raise ValueError(f"`layer_idx` must be in [0, {self.n_layers - 1}], got {layer_idx}")
-        self.layers[layer_idx] = cache
+# %% ../nbs/04_coordinator.ipynb #0cb6cc69
+@patch
+def register(self:Coordinator, layer_idx:int, cache):
+    "Attach a layer's cache."
+    if not 0 <= layer_idx < self.n_layers:
+        raise ValueError(f"`layer_idx` must be in [0, {self.n_layers - 1}], got {layer_idx}")
+    self.layers[layer_idx] = cache
 
-    def report(self, layer_idx:int, value:float):
-        "A layer's signal (a schedule without one asks for none)."
-        raise RuntimeError(f"{type(self).__name__} asks for no layer signal")
+# %% ../nbs/04_coordinator.ipynb #d7e479e6
+@patch
+def report(self:Coordinator, layer_idx:int, value:float):
+    "A layer's signal (a schedule without one asks for none)."
+    raise RuntimeError(f"{type(self).__name__} asks for no layer signal")
 
-    def prompt_ended(self, n_tokens:int):
-        "The prompt is `n_tokens` long (nothing to do for a schedule that does not wait for it)."
+@patch
+def prompt_ended(self:Coordinator, n_tokens:int):
+    "The prompt is `n_tokens` long (nothing to do for a schedule that does not wait for it)."
 
-    @property
-    def resolved(self)->bool:
-        "True once the budgets are known."
-        return self._budgets is not None
+@patch(as_prop=True)
+def resolved(self:Coordinator)->bool:
+    "True once the budgets are known."
+    return self._budgets is not None
 
 # %% ../nbs/04_coordinator.ipynb #d53cbe5e
 SIGNALS = ("key_dispersion", "hidden_cosine")
@@ -53,69 +59,93 @@ class SqueezeCoordinator(Coordinator):
                  signal:str="key_dispersion"): # "key_dispersion" (the proxy) or "hidden_cosine" (the paper's)
         super().__init__(n_layers)
         if signal not in SIGNALS: raise ValueError(f"`signal` must be one of {SIGNALS}, got {signal!r}")
-        self.avg_budget, self.n_sink, self.strength = avg_budget, n_sink, strength
-        self.caps, self.signal = caps, signal
+        self.avg_budget, self.n_sink, self.strength, self.caps, self.signal = avg_budget, n_sink, strength, caps, signal
         squeeze_budgets([0.0] * n_layers, avg_budget, n_sink, strength, caps)   # validates every parameter now
         self._given = None if resolved_budget is None else self._check_given(list(resolved_budget))
         self.reports, self._budgets, self.finalize_count = {}, self._given, 0
 
-    def _check_given(self, rb:list)->list:
-        if len(rb) != self.n_layers:
-            raise ValueError(f"`resolved_budget` has {len(rb)} entries, expected one per layer ({self.n_layers})")
-        for i, b in enumerate(rb):
-            cap = self.caps[i] if self.caps else None
-            if isinstance(b, bool) or not isinstance(b, int) or b < self.n_sink + 1 or (cap is not None and b > cap):
-                raise ValueError(f"`resolved_budget[{i}]` must be an integer in [{self.n_sink + 1}, {cap}], got {b!r}")
-        return rb
+# %% ../nbs/04_coordinator.ipynb #292b2a64
+@patch
+def _check_given(self:SqueezeCoordinator, rb:list)->list:
+    "`rb` if it has one integer budget per layer, each in [n_sink + 1, the layer's cap]; else a named error."
+    if len(rb) != self.n_layers:
+        raise ValueError(f"`resolved_budget` has {len(rb)} entries, expected one per layer ({self.n_layers})")
+    for i, b in enumerate(rb):
+        cap = self.caps[i] if self.caps else None
+        if isinstance(b, bool) or not isinstance(b, int) or b < self.n_sink + 1 or (cap is not None and b > cap):
+            raise ValueError(f"`resolved_budget[{i}]` must be an integer in [{self.n_sink + 1}, {cap}], got {b!r}")
+    return rb
 
-    def register(self, layer_idx:int, cache):
-        "Attach a layer's cache; with a schedule given up front, it takes its budget now."
-        super().register(layer_idx, cache)
-        if self._given is not None: cache.adopt_budget(self._given[layer_idx])
+# %% ../nbs/04_coordinator.ipynb #86e00859
+@patch
+def register(self:SqueezeCoordinator, layer_idx:int, cache):
+    "Attach a layer's cache; with a schedule given up front, it takes its budget now."
+    Coordinator.register(self, layer_idx, cache)
+    if self._given is not None: cache.adopt_budget(self._given[layer_idx])
 
-    def report(self, layer_idx:int, signal:float):
-        "Record a layer's signal; the report that completes the set resolves the schedule."
-        self.reports[layer_idx] = signal
-        if self._budgets is None and len(self.reports) == self.n_layers: self.finalize()
+@patch
+def report(self:SqueezeCoordinator, layer_idx:int, signal:float):
+    "Record a layer's signal; the report that completes the set resolves the schedule."
+    self.reports[layer_idx] = signal
+    if self._budgets is None and len(self.reports) == self.n_layers: self.finalize()
 
-    def finalize(self):
-        "Resolve the budgets from the reports and make every registered layer adopt its own."
-        missing = self.missing
-        if missing:
-            raise RuntimeError(f"cannot resolve SqueezeAttention budgets: layers {missing} have not reported a "
-                               "concentration")
-        signals = [self.reports[i] for i in range(self.n_layers)]
-        if self.signal == "hidden_cosine":
-            self._budgets = hidden_cosine_budgets(signals, self.avg_budget, self.n_sink, self.strength, caps=self.caps)
-        else: self._budgets = squeeze_budgets(signals, self.avg_budget, self.n_sink, self.strength, self.caps)
-        for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
-        self.finalize_count += 1
+# %% ../nbs/04_coordinator.ipynb #3ff1f749
+@patch
+def finalize(self:SqueezeCoordinator):
+    "Resolve the budgets from the reports and make every registered layer adopt its own."
+    missing = self.missing
+    if missing:
+        raise RuntimeError(f"cannot resolve SqueezeAttention budgets: layers {missing} have not reported a "
+                           "concentration")
+    signals = [self.reports[i] for i in range(self.n_layers)]
+    if self.signal == "hidden_cosine":
+        self._budgets = hidden_cosine_budgets(signals, self.avg_budget, self.n_sink, self.strength, caps=self.caps)
+    else: self._budgets = squeeze_budgets(signals, self.avg_budget, self.n_sink, self.strength, self.caps)
+    for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
+    self.finalize_count += 1
 
-    @property
-    def missing(self)->list:
-        "Layers that have not reported yet."
-        return [i for i in range(self.n_layers) if i not in self.reports]
+# %% ../nbs/04_coordinator.ipynb #c43a7002
+@patch(as_prop=True)
+def missing(self:SqueezeCoordinator)->list:
+    "Layers that have not reported yet."
+    return [i for i in range(self.n_layers) if i not in self.reports]
 
-    @property
-    def budgets(self)->list:
-        "The resolved per-layer budgets (an error naming the missing layers before that)."
-        if self._budgets is None:
-            raise RuntimeError(f"SqueezeAttention budgets are not resolved yet: layers {self.missing} have not "
-                               "reported (run the prompt first)")
-        return list(self._budgets)
+@patch(as_prop=True)
+def concentrations(self:SqueezeCoordinator)->list:
+    "Reported signals in layer order (None where missing)."
+    return [self.reports.get(i) for i in range(self.n_layers)]
 
-    @property
-    def concentrations(self)->list:
-        "Reported signals in layer order (None where missing)."
-        return [self.reports.get(i) for i in range(self.n_layers)]
+# %% ../nbs/04_coordinator.ipynb #a8011c17
+@patch(as_prop=True)
+def budgets(self:SqueezeCoordinator)->list:
+    "The resolved per-layer budgets (an error naming the missing layers before that)."
+    if self._budgets is None:
+        raise RuntimeError(f"SqueezeAttention budgets are not resolved yet: layers {self.missing} have not "
+                           "reported (run the prompt first)")
+    return list(self._budgets)
 
-    def reset(self):
-        "Forget the prompt: clear reports and the measured schedule, and empty every registered layer."
-        self.reports, self._budgets = {}, self._given
-        for i, cache in self.layers.items():
-            cache.reset(); cache.adopt_budget(None if self._given is None else self._given[i])
+# %% ../nbs/04_coordinator.ipynb #5317fb7c
+@patch
+def reset(self:SqueezeCoordinator):
+    "Forget the prompt: clear reports and the measured schedule, and empty every registered layer."
+    self.reports, self._budgets = {}, self._given
+    for i, cache in self.layers.items():
+        cache.reset()
+        cache.adopt_budget(None if self._given is None else self._given[i])
 
 # %% ../nbs/04_coordinator.ipynb #0602e52a
+def _lloyd(vals:list, centres:list, iters:int)->tuple:
+    "Lloyd's iterations from `centres` until they stop moving (at most `iters`): (labels, centres)."
+    k = len(centres)
+    for _ in range(iters):
+        labels = [min(range(k), key=lambda j: (abs(v - centres[j]), j)) for v in vals]
+        mean = lambda j: sum(v for v, l in zip(vals, labels) if l == j) / labels.count(j)
+        new = [mean(j) if j in labels else centres[j] for j in range(k)]
+        if new == centres: break
+        centres = new
+    return labels, centres
+
+# %% ../nbs/04_coordinator.ipynb #f00ebd5a
 def kmeans_1d(values:list, # one number per layer
               k:int=3, # groups
               iters:int=50)->list: # group label per value, 0 = lowest centre
@@ -125,16 +155,22 @@ def kmeans_1d(values:list, # one number per layer
     srt = sorted(vals)
     k = max(1, min(k, len(set(vals))))
     centres = [srt[round(i * (len(srt) - 1) / max(k - 1, 1))] for i in range(k)]
-    for _ in range(iters):
-        labels = [min(range(k), key=lambda j: (abs(v - centres[j]), j)) for v in vals]
-        mean = lambda j: sum(v for v, l in zip(vals, labels) if l == j) / labels.count(j)
-        new = [mean(j) if j in labels else centres[j] for j in range(k)]
-        if new == centres: break
-        centres = new
+    labels, centres = _lloyd(vals, centres, iters)
     order = sorted(range(k), key=lambda j: centres[j])
     return [order.index(l) for l in labels]
 
 # %% ../nbs/04_coordinator.ipynb #df7b69d9
+def _group_weights(cos:list, keep:float)->list:
+    "Per-layer share of the average: `keep` in the highest-cosine group, what it gives up spread over the others."
+    n, labels = len(cos), kmeans_1d(cos, 3)
+    low = [i for i in range(n) if labels[i] == max(labels)] if max(labels) > 0 else []
+    w = [1.0] * n
+    if low and len(low) < n:
+        moved = (1 - keep) * len(low)
+        for i in range(n): w[i] = keep if i in low else 1 + moved / (n - len(low))
+    return w
+
+# %% ../nbs/04_coordinator.ipynb #0c147731
 def hidden_cosine_budgets(cosines, # per-layer cosine of the hidden state before/after self-attention
                           avg_budget:int, # mean budget per layer
                           n_sink:int=4, # the floor is n_sink + 1
@@ -147,16 +183,9 @@ def hidden_cosine_budgets(cosines, # per-layer cosine of the hidden state before
     n_sink = _check_int("n_sink", n_sink, 0)
     avg_budget = _check_int("avg_budget", avg_budget, n_sink + 1)
     strength, keep = _check_real("strength", strength, 0.0, 1.0), _check_real("keep", keep, 0.0, 1.0)
-    n = len(cos)
-    if n == 0: return []
-    labels = kmeans_1d(cos, 3)
-    low = [i for i in range(n) if labels[i] == max(labels)] if max(labels) > 0 else []
-    w = [1.0] * n
-    if low and len(low) < n:
-        moved = (1 - keep) * len(low)
-        for i in range(n): w[i] = keep if i in low else 1 + moved / (n - len(low))
-    targets = [avg_budget * ((1 - strength) + strength * wi) for wi in w]
-    return allocate_exact(targets, n * avg_budget, n_sink + 1, caps, ties=[-c for c in cos])
+    if not cos: return []
+    targets = [avg_budget * ((1 - strength) + strength * wi) for wi in _group_weights(cos, keep)]
+    return allocate_exact(targets, len(cos) * avg_budget, n_sink + 1, caps, ties=[-c for c in cos])
 
 # %% ../nbs/04_coordinator.ipynb #9bf44049
 from dataclasses import dataclass
@@ -212,6 +241,7 @@ def full_slots(n_tokens:int, # tokens seen (the prompt's length)
     "Token slots each layer of a full cache holds after `n_tokens`: all of them, or its window's worth."
     return [n_tokens if w is None else min(n_tokens, w) for w in windows]
 
+# %% ../nbs/04_coordinator.ipynb #7ad84dbb
 def slot_bytes(bits:int|None, # bits per stored element; None (or 16) for the model's dtype
                group_size:int=64, # elements sharing one 16-bit scale and bias
               )->float:
@@ -224,7 +254,6 @@ def residual_slots(bits:int|None, # bits per stored element (None: the model's d
                   )->int:
     "Newest tokens a layer may hold in full precision on top of its packed ones (KIVI's residual, at most)."
     return 0 if bits in (None, 16) or scheme != "kivi" else group_size - 1
-
 
 # %% ../nbs/04_coordinator.ipynb #a1ecee44
 def _fill(full:list, idx:list, tokens:int, floor:int)->dict:
@@ -240,6 +269,45 @@ def _uniform_price(prices:list, idx:list)->float:
 
 
 # %% ../nbs/04_coordinator.ipynb #09bd5286
+def _share(full:list, price:list, total:float, floor:int)->list:
+    "Every layer the same share of its own full cache, bytes counted at each layer's price."
+    s = min(1.0, total / sum(f * p for f, p in zip(full, price)))
+    groups = {}
+    for i, p in enumerate(price): groups.setdefault(p, []).append(i)
+    if len(groups) == 1: return allocate_exact(full, min(sum(full), math.floor(total / price[0] + 1e-9)), floor, full)
+    out = {}
+    for idx in groups.values():
+        out |= _fill(full, idx, max(floor * len(idx), math.floor(s * sum(full[i] for i in idx) + 1e-9)), floor)
+    return [out[i] for i in range(len(full))]
+
+# %% ../nbs/04_coordinator.ipynb #8602ef3c
+def _window_split(full:list, price:list, total:float, floor:int, win:list, window_budget:int)->list:
+    "Windowed layers `win` at `window_budget` tokens, the global layers sharing the rest of `total` bytes."
+    glob = [i for i in range(len(full)) if i not in win]
+    fixed = {i: max(floor, min(window_budget, full[i])) for i in win}
+    left = total - sum(fixed[i] * price[i] for i in win)
+    pg = _uniform_price(price, glob)
+    if left < floor * len(glob) * pg - 1e-9:
+        raise ValueError(f"`window_budget`={window_budget} x {len(win)} windowed layers leaves {math.floor(left)} of "
+                         f"{math.floor(total)} token slots for the {len(glob)} global layers (they need "
+                         f"{floor * len(glob)})")
+    g = min(sum(full[i] for i in glob), math.floor(left / pg + 1e-9))
+    out = _fill(full, glob, g, floor)
+    w_tokens = sum(fixed.values()) + math.floor((left - g * pg) / _uniform_price(price, win) + 1e-9)
+    out |= _fill(full, win, min(w_tokens, sum(full[i] for i in win)), floor)   # what the global layers cannot hold
+    return [out[i] for i in range(len(full))]
+
+# %% ../nbs/04_coordinator.ipynb #3b7c493d
+def _fraction_total(n_tokens:int, fraction:float, full:list, price:list, extra:list, n_sink:int)->tuple:
+    "(floor, bytes to share) of `fraction` of the full cache; an error when every layer's floor does not fit."
+    floor, total = min(n_sink + 1, min(full)), fraction * sum(full) - sum(extra)
+    if total < sum(floor * p for p in price) - 1e-9:
+        raise ValueError(f"`kv_fraction`={fraction} keeps {math.floor(total)} token slots of this {n_tokens}-token "
+                         f"prompt's {sum(full)}; its {len(full)} layers need at least {floor * len(full)} "
+                         "(n_sink + 1 each)")
+    return floor, total
+
+# %% ../nbs/04_coordinator.ipynb #5e880b43
 def fraction_budgets(n_tokens:int, # the prompt's length
                      fraction:float, # share of the full cache's bytes (at bfloat16) to keep, in (0, 1]
                      windows:list, # per-layer sliding window, None for a global layer
@@ -252,39 +320,11 @@ def fraction_budgets(n_tokens:int, # the prompt's length
     _check_real("fraction", fraction, 0.0, 1.0)
     if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
     full = full_slots(_check_int("n_tokens", n_tokens, 1), windows)
-    n = len(full)
-    price, extra = list(slot_bytes or [1.0] * n), list(reserve or [0.0] * n)
-    floor, total = min(n_sink + 1, min(full)), fraction * sum(full) - sum(extra)
-    if total < sum(floor * p for p in price) - 1e-9:
-        raise ValueError(f"`kv_fraction`={fraction} keeps {math.floor(total)} token slots of this {n_tokens}-token "
-                         f"prompt's {sum(full)}; its {n} layers need at least {floor * n} (n_sink + 1 each)")
+    price, extra = list(slot_bytes or [1.0] * len(full)), list(reserve or [0.0] * len(full))
+    floor, total = _fraction_total(n_tokens, fraction, full, price, extra, n_sink)
     win = [i for i, w in enumerate(windows) if w is not None]
     if window_budget is None or not win: return _share(full, price, total, floor)
-    glob = [i for i in range(n) if windows[i] is None]
-    fixed = {i: max(floor, min(window_budget, full[i])) for i in win}
-    left = total - sum(fixed[i] * price[i] for i in win)
-    pg = _uniform_price(price, glob)
-    if left < floor * len(glob) * pg - 1e-9:
-        raise ValueError(f"`window_budget`={window_budget} x {len(win)} windowed layers leaves {math.floor(left)} of "
-                         f"{math.floor(total)} token slots for the {len(glob)} global layers (they need "
-                         f"{floor * len(glob)})")
-    g = min(sum(full[i] for i in glob), math.floor(left / pg + 1e-9))
-    out = _fill(full, glob, g, floor)
-    w_tokens = sum(fixed.values()) + math.floor((left - g * pg) / _uniform_price(price, win) + 1e-9)
-    out |= _fill(full, win, min(w_tokens, sum(full[i] for i in win)), floor)   # what the global layers cannot hold
-    return [out[i] for i in range(n)]
-
-def _share(full:list, price:list, total:float, floor:int)->list:
-    "Every layer the same share of its own full cache, bytes counted at each layer's price."
-    s = min(1.0, total / sum(f * p for f, p in zip(full, price)))
-    groups = {}
-    for i, p in enumerate(price): groups.setdefault(p, []).append(i)
-    if len(groups) == 1: return allocate_exact(full, min(sum(full), math.floor(total / price[0] + 1e-9)), floor, full)
-    out = {}
-    for idx in groups.values():
-        out |= _fill(full, idx, max(floor * len(idx), math.floor(s * sum(full[i] for i in idx) + 1e-9)), floor)
-    return [out[i] for i in range(len(full))]
-
+    return _window_split(full, price, total, floor, win, window_budget)
 
 # %% ../nbs/04_coordinator.ipynb #19f89750
 def window_split_budgets(n_layers:int, # attention layers
@@ -314,39 +354,45 @@ class PromptEndCoordinator(Coordinator):
                  n_sink:int=4, # the floor is n_sink + 1
                  window_budget:int|None=None, # tokens per windowed layer (None: the same fraction everywhere)
                  slot_bytes:list|None=None, # per-layer bytes of a kept token relative to bf16 (None: all 1.0)
-                 reserve:list|None=None, # per-layer bytes held beyond the budget (KIVI's residual), in bf16 slots
-                ):
+                 reserve:list|None=None): # per-layer bytes held beyond the budget (KIVI's residual), in bf16 slots
         super().__init__(n_layers)
         if len(windows) != n_layers: raise ValueError(f"`windows` has {len(windows)} entries, expected {n_layers}")
         self.fraction, self.windows, self.n_sink = fraction, list(windows), n_sink
         self.window_budget, self.n_tokens = window_budget, None
         self.slot_bytes, self.reserve = slot_bytes or [1.0] * n_layers, reserve or [0.0] * n_layers
 
-    def prompt_ended(self, n_tokens:int):
-        "The prompt is `n_tokens` long: set every layer's budget (once per prompt)."
-        if self._budgets is not None: return
-        self._budgets = fraction_budgets(n_tokens, self.fraction, self.windows, self.n_sink, self.window_budget,
-                                         self.slot_bytes, self.reserve)
-        self.n_tokens = n_tokens
-        for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
+# %% ../nbs/04_coordinator.ipynb #7051610d
+@patch
+def prompt_ended(self:PromptEndCoordinator, n_tokens:int):
+    "The prompt is `n_tokens` long: set every layer's budget (once per prompt)."
+    if self._budgets is not None: return
+    self._budgets = fraction_budgets(n_tokens, self.fraction, self.windows, self.n_sink, self.window_budget,
+                                     self.slot_bytes, self.reserve)
+    self.n_tokens = n_tokens
+    for i, cache in self.layers.items(): cache.adopt_budget(self._budgets[i])
 
-    @property
-    def budgets(self)->list:
-        "The per-layer budgets (an error before the prompt has ended)."
-        if self._budgets is None: raise RuntimeError("the budgets are set when the prompt ends (run the prompt first)")
-        return list(self._budgets)
+# %% ../nbs/04_coordinator.ipynb #c629d3dd
+@patch(as_prop=True)
+def budgets(self:PromptEndCoordinator)->list:
+    "The per-layer budgets (an error before the prompt has ended)."
+    if self._budgets is None: raise RuntimeError("the budgets are set when the prompt ends (run the prompt first)")
+    return list(self._budgets)
 
-    @property
-    def planned_share(self)->float:
-        "The most of the full cache's bf16 bytes the budgets can hold (below `fraction` only when everything is kept)."
-        full = sum(full_slots(self.n_tokens, self.windows)) if self._budgets is not None else None
-        if full is None: raise RuntimeError("the share is known when the prompt ends (run the prompt first)")
-        return (sum(b * p for b, p in zip(self._budgets, self.slot_bytes)) + sum(self.reserve)) / full
+@patch(as_prop=True)
+def planned_share(self:PromptEndCoordinator)->float:
+    "The most of the full cache's bf16 bytes the budgets can hold (below `fraction` only when everything is kept)."
+    full = sum(full_slots(self.n_tokens, self.windows)) if self._budgets is not None else None
+    if full is None: raise RuntimeError("the share is known when the prompt ends (run the prompt first)")
+    return (sum(b * p for b, p in zip(self._budgets, self.slot_bytes)) + sum(self.reserve)) / full
 
-    def reset(self):
-        "Forget the prompt: every layer empties and waits for the next prompt's length."
-        self._budgets = self.n_tokens = None
-        for cache in self.layers.values(): cache.reset(); cache.adopt_budget(None)
+# %% ../nbs/04_coordinator.ipynb #d258f7d9
+@patch
+def reset(self:PromptEndCoordinator):
+    "Forget the prompt: every layer empties and waits for the next prompt's length."
+    self._budgets = self.n_tokens = None
+    for cache in self.layers.values():
+        cache.reset()
+        cache.adopt_budget(None)
 
 # %% ../nbs/04_coordinator.ipynb #06f4187a
 @dataclass
@@ -363,12 +409,14 @@ class KVFraction(Schedule):
         _check_real("fraction", self.fraction, 0.0, 1.0)
         if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
         if self.window_budget is not None: _check_int("window_budget", self.window_budget, 1)
-    def plan(self, n_layers, avg_budget, n_sink, caps):
-        bits = [self.kv_bits if c is None else self.window_kv_bits for c in caps]
-        price = [slot_bytes(b, self.kv_group_size) for b in bits]
-        res = [residual_slots(b, self.kv_group_size, self.kv_scheme) * (1 - p) for b, p in zip(bits, price)]
-        return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget, price, res)
 
+# %% ../nbs/04_coordinator.ipynb #830649ea
+@patch
+def plan(self:KVFraction, n_layers, avg_budget, n_sink, caps):
+    bits = [self.kv_bits if c is None else self.window_kv_bits for c in caps]
+    price = [slot_bytes(b, self.kv_group_size) for b in bits]
+    res = [residual_slots(b, self.kv_group_size, self.kv_scheme) * (1 - p) for b, p in zip(bits, price)]
+    return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget, price, res)
 
 # %% ../nbs/04_coordinator.ipynb #30bbf4a4
 @dataclass

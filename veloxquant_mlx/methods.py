@@ -6,6 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Callable
+from fastcore.basics import patch
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV
 from .cache import policy_for_score, EvictingCache, install_attention_hook
@@ -28,19 +29,22 @@ class Param:
     choices:tuple|None = None # allowed values (None: any the method's constructors accept)
     cli:bool = True # False: not settable from the command line (e.g. a list)
 
-    def check(self, value):
-        "`value` if it is allowed, else a ValueError naming the parameter, the value and the choices."
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"`{self.name}` must be one of {self.choices}, got {value!r}")
-        return value
+# %% ../nbs/04a_methods.ipynb #68eac620
+@patch
+def check(self:Param, value):
+    "`value` if it is allowed, else a ValueError naming the parameter, the value and the choices."
+    if self.choices is not None and value not in self.choices:
+        raise ValueError(f"`{self.name}` must be one of {self.choices}, got {value!r}")
+    return value
 
-    @classmethod
-    def of(cls, owner:type, # the policy or schedule dataclass whose field this parameter sets
-           name:str, help:str, **kw)->Param: # the field's name, the parameter's help; `choices`, `cli`
-        "The parameter that is `owner`'s field `name`: its default and type read from the field, never written twice."
-        f = next(f for f in fields(owner) if f.name == name)
-        kind = {"int": int, "float": float, "str": str, "list": list}[f.type.split("|")[0].strip()]
-        return cls(name, f.default, kind, help, **kw)
+# %% ../nbs/04a_methods.ipynb #f34f0508
+@patch(cls_method=True)
+def of(cls:Param, owner:type, # the policy or schedule dataclass whose field this parameter sets
+       name:str, help:str, **kw)->Param: # the field's name, the parameter's help; `choices`, `cli`
+    "The parameter that is `owner`'s field `name`: its default and type read from the field, never written twice."
+    f = next(f for f in fields(owner) if f.name == name)
+    kind = {"int": int, "float": float, "str": str, "list": list}[f.type.split("|")[0].strip()]
+    return cls(name, f.default, kind, help, **kw)
 
 # %% ../nbs/04a_methods.ipynb #324a60c8
 SCORE = Param("score", "attention", str, "token score: the real queries' attention mass, or the key-as-query proxy",
@@ -70,32 +74,37 @@ class Method:
     budgeted:bool = True # False: keeps every token (a baseline that ignores the budget)
     kv_storage:str = "ours" # whose quantization `kv_bits` may select: "ours", "ours+mlx" (also mlx-lm's) or "none"
 
-    @property
-    def baseline(self)->bool:
-        "True for a method that does not evict through this library (the full cache, mlx-lm's own caches)."
-        return self.build is not None
+# %% ../nbs/04a_methods.ipynb #6921552d
+@patch(as_prop=True)
+def baseline(self:Method)->bool:
+    "True for a method that does not evict through this library (the full cache, mlx-lm's own caches)."
+    return self.build is not None
 
-    def resolve(self, params:dict)->dict:
-        "Every parameter of this method, `params` over the defaults; an unknown one is an error naming the owners."
-        own = {p.name: p for p in self.params}
-        for k in params:
-            if k not in own:
-                owners = sorted(m.name for m in METHODS.values() if k in {p.name for p in m.params})
-                where = f"; it is a parameter of {', '.join(owners)}" if owners else ""
-                raise ValueError(f"`{k}` is not a parameter of method {self.name!r} (it takes {sorted(own) or 'none'})"
-                                 + where)
-        return {n: p.check(params.get(n, p.default)) for n, p in own.items()}
+# %% ../nbs/04a_methods.ipynb #60325bb8
+@patch
+def resolve(self:Method, params:dict)->dict:
+    "Every parameter of this method, `params` over the defaults; an unknown one is an error naming the owners."
+    own = {p.name: p for p in self.params}
+    for k in params:
+        if k not in own:
+            owners = sorted(m.name for m in METHODS.values() if k in {p.name for p in m.params})
+            where = f"; it is a parameter of {', '.join(owners)}" if owners else ""
+            raise ValueError(f"`{k}` is not a parameter of method {self.name!r} (it takes {sorted(own) or 'none'})"
+                             + where)
+    return {n: p.check(params.get(n, p.default)) for n, p in own.items()}
 
-    def layer(self, budget:int|None, # tokens the layer may hold (None: a schedule sets it later)
-              n_sink:int=4, # never-evicted prefix
-              window:int|None=None, # the layer's sliding window, or None
-              params:dict|None=None, # this method's parameters (the rest take their defaults)
-              **kwargs)->EvictingCache: # more `EvictingCache` arguments: `policy=` replaces the method's own
-        "One layer of this method: an `EvictingCache` with its name and (unless given) its policy."
-        kwargs.setdefault("policy", self.policy(self.resolve(params or {})))
-        return EvictingCache(budget, n_sink, window, method=self.name, **kwargs)
+# %% ../nbs/04a_methods.ipynb #8545a898
+@patch
+def layer(self:Method, budget:int|None, # tokens the layer may hold (None: a schedule sets it later)
+          n_sink:int=4, # never-evicted prefix
+          window:int|None=None, # the layer's sliding window, or None
+          params:dict|None=None, # this method's parameters (the rest take their defaults)
+          **kwargs)->EvictingCache: # more `EvictingCache` arguments: `policy=` replaces the method's own
+    "One layer of this method: an `EvictingCache` with its name and (unless given) its policy."
+    kwargs.setdefault("policy", self.policy(self.resolve(params or {})))
+    return EvictingCache(budget, n_sink, window, method=self.name, **kwargs)
 
-# %% ../nbs/04a_methods.ipynb #84e527d8
+# %% ../nbs/04a_methods.ipynb #1fcc3328
 def keep_all_caches(model, config):
     "Every token kept (a sliding-window layer its window) in `EvictingCache`s with the config's storage."
     def layer(c):
@@ -105,6 +114,7 @@ def keep_all_caches(model, config):
     install_attention_hook()                                     # windowed layers mask, quantized ones attend, here
     return caches
 
+# %% ../nbs/04a_methods.ipynb #55679ac2
 def _full(model, config):
     "mlx-lm's own caches; with `kv_bits`, quantization alone (ours, or mlx-lm's `QuantizedKVCache` for scheme 'mlx')."
     if config.kv_bits is None: return make_prompt_cache(model)
@@ -112,6 +122,7 @@ def _full(model, config):
     return [c.to_quantized(group_size=config.kv_group_size, bits=config.kv_bits) if type(c) is KVCache else c
             for c in make_prompt_cache(model)]
 
+# %% ../nbs/04a_methods.ipynb #cb71a853
 def _mlx_rotating(model, config):
     "mlx-lm's StreamingLLM: every attention layer a `RotatingKVCache(budget, keep=n_sink)`."
     caps = lambda c: min(config.budget, c.max_size) if isinstance(c, RotatingKVCache) else config.budget
