@@ -195,7 +195,7 @@ def test_a_state_restores_its_own_method(src, method):
 def test_from_state_of_a_plain_kvcache_state():
     kc = KVCache(); x = mx.zeros((1, 2, 4, 8)); kc.update_and_fetch(x, x)
     with pytest.raises((ValueError, TypeError)):
-        H2OCache.from_state(kc.state)
+        EvictingCache.from_state(kc.state)
 
 def _retag(path, classes):
     "Rewrite the class names recorded in a saved prompt cache (what a file written by another method would hold)."
@@ -233,7 +233,7 @@ def test_tampered_metadata_budget_below_the_kept_count():
     k, v, p, s, meta = filled(H2OCache, 16, 2).state
     m = json.loads(meta); m["budget"] = 8
     with pytest.raises(ValueError, match="budget"):
-        H2OCache.from_state((k, v, p, s, json.dumps(m)))
+        EvictingCache.from_state((k, v, p, s, json.dumps(m)))
 
 # ---- masks -----------------------------------------------------------------------------------------------------
 def test_make_mask_array_covers_stored_plus_chunk():

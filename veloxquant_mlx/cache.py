@@ -21,7 +21,7 @@ from .coordinator import Coordinator
 # %% auto #0
 __all__ = ['COMPRESS', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'fit', 'EvictingCache', 'advance', 'install_attention_hook',
            'remove_attention_hook', 'hook_installed', 'dense_attention_reference', 'hand_over', 'take_back', 'steady',
-           'held_arrays', 'copy_layer', 'policy_for_score']
+           'held_arrays', 'cache_arrays', 'copy_layer', 'policy_for_score']
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
@@ -121,7 +121,9 @@ def _set_budget(self:EvictingCache, budget:int):
 @patch
 def adopt_budget(self:EvictingCache, budget:int|None):
     "Take a budget from a schedule (None: none until it decides) and trim what is held to it by the policy."
-    if budget is None: self.budget = None; return
+    if budget is None:
+        self.budget = None
+        return
     self.policy, recent, slack = fit(self.policy, budget, self.spec.n_sink, *self._asked)
     self.spec = replace(self.spec, recent=recent, slack=slack)
     self._set_budget(budget)
@@ -278,8 +280,9 @@ def _held(self:EvictingCache, start:int):
     "The held (positions, scores), the storage cut to match; a windowed prompt_end layer drops what start can't see."
     if self.store.empty(): return None
     drop = 0
-    if self.spec.window is not None and self.spec.compress == "prompt_end" and self._contiguous:   # positions start..start-count
-        drop = max(0, self.count - (self.spec.window - 1))
+    s = self.spec
+    if s.window is not None and s.compress == "prompt_end" and self._contiguous:   # positions start..start-count
+        drop = max(0, self.count - (s.window - 1))
         if drop: self._evicted = True
     order = self.store.drop_front(drop, self.count)
     if order is None: return tuple(a[:, :, drop:self.count] for a in (self.positions, self._scores))
@@ -441,7 +444,8 @@ def _query_mass(self:EvictingCache, got:dict, queries, keys, values, qpos, scale
 def _window_mass(self:EvictingCache, keys, scale):
     "The mass the remembered observation queries give each held token."
     q, oqpos, _ = self._obs_q
-    return self._add_scores(self._scores, self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.spec.window))
+    m = self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.spec.window)
+    return self._add_scores(self._scores, m)
 
 # %% ../nbs/03_cache.ipynb #ff131426
 @patch
@@ -628,6 +632,16 @@ def held_arrays(cache:EvictingCache)->list:
     flat = lambda a: [x for y in a for x in flat(y)] if isinstance(a, (tuple, list)) else [a]
     return [a for a in flat((*cache.store.state(), cache.positions, cache._scores)) if a is not None]
 
+
+# %% ../nbs/03_cache.ipynb #d241979c
+def cache_arrays(c)->list:
+    "Every array a cache of any kind holds: ours (`held_arrays`), a batch's, mlx-lm's keys and values (flattened)."
+    if isinstance(c, EvictingCache): return held_arrays(c)
+    if getattr(c, "rows", None) is not None: return list(c.state)                  # a batch of ours
+    flat = lambda a: [x for y in a for x in flat(y)] if isinstance(a, (tuple, list)) else [a]
+    return [a for a in flat((getattr(c, "keys", None), getattr(c, "values", None))) if isinstance(a, mx.array)]
+
+# %% ../nbs/03_cache.ipynb #0d9f827a
 def _own_copy(obj):
     "A shallow copy of `obj` (a storage) owning copies of its arrays, those in its tuples included."
     own = lambda a: mx.array(a) if isinstance(a, mx.array) else tuple(map(own, a)) if isinstance(a, tuple) else a

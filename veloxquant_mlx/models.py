@@ -407,8 +407,8 @@ def sequence_nll(
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         nll = nll - mx.take_along_axis(logp, targets[:, None], axis=-1).sum()
         count += inputs.shape[1]
-        held = (getattr(c, "keys", None) for c in cache), (getattr(c, "values", None) for c in cache)
-        mx.eval(nll, [a for arrays in held for a in arrays if isinstance(a, mx.array)])
+        from veloxquant_mlx.cache import cache_arrays   # what any cache holds (ours: keys, values, positions, scores)
+        mx.eval(nll, [a for c in cache for a in cache_arrays(c)])
     return float(nll), count
 
 def perplexity(

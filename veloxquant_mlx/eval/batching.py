@@ -11,13 +11,12 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 from ..builder import KVCacheBuilder, KVCacheConfig
-from ..cache import EvictingCache, held_arrays
+from ..cache import EvictingCache, cache_arrays
 from .measure import digits_done
 
 # %% auto #0
-__all__ = ['make_caches', 'cache_arrays', 'shared_prefill', 'slot_windows', 'batched_forward', 'greedy_answer', 'batched_greedy',
-           'prefilled', 'check_batched', 'check_shared_prefill', 'score_continuation', 'batched_score',
-           'compress_prompt']
+__all__ = ['make_caches', 'shared_prefill', 'slot_windows', 'batched_forward', 'greedy_answer', 'batched_greedy', 'prefilled',
+           'check_batched', 'check_shared_prefill', 'score_continuation', 'batched_score', 'compress_prompt']
 
 # %% ../../nbs/11c_eval_batching.ipynb #898e872e
 def make_caches(model, config:KVCacheConfig)->list:
@@ -54,11 +53,6 @@ class _Fanout:
                 s.attention(queries, k, v, scale=scale, mask=mask, sinks=sinks, output=False)
         self._fetched = []
         mx.eval([a for s in self.subs for a in cache_arrays(s)])
-
-# %% ../../nbs/11c_eval_batching.ipynb #ddb27e6c
-def cache_arrays(c)->list:
-    if isinstance(c, EvictingCache): return held_arrays(c)
-    return [a for a in (getattr(c, "keys", None), getattr(c, "values", None)) if a is not None]
 
 # %% ../../nbs/11c_eval_batching.ipynb #48ed70a6
 def _model_modules()->list:

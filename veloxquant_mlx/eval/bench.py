@@ -11,15 +11,15 @@ preload_openblas()  # before mlx.core: MLX's CPU wheel otherwise uses a referenc
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from ..builder import KVCacheConfig, KVCacheBuilder, tiny_model
-from ..cache import EvictingCache
+from ..cache import EvictingCache, cache_arrays
 from ..methods import METHODS
 from ..h2o import eviction_priority, proxy_mass, scatter_slot
 
 # %% auto #0
-__all__ = ['MODEL_SPECS', 'CACHE_FIELDS', 'EXTRA_KINDS', 'build_model', 'real_gemma_available', 'head_dim_of', 'make_caches',
-           'tokens_for', 'sync', 'prefill', 'decode_times', 'kv_nbytes', 'overhead_nbytes', 'tokens_held', 'med',
-           'timed', 'decode_kinds', 'KindDecode', 'DecodeRun', 'hold_budget', 'fill_caches', 'timed_rounds',
-           'summarize_kind', 'bench_decode', 'EvictProfile', 'median_ms', 'profile_decode_evict']
+__all__ = ['MODEL_SPECS', 'EXTRA_KINDS', 'build_model', 'real_gemma_available', 'head_dim_of', 'make_caches', 'tokens_for',
+           'sync', 'prefill', 'decode_times', 'kv_nbytes', 'overhead_nbytes', 'tokens_held', 'med', 'timed',
+           'decode_kinds', 'KindDecode', 'DecodeRun', 'hold_budget', 'fill_caches', 'timed_rounds', 'summarize_kind',
+           'bench_decode', 'EvictProfile', 'median_ms', 'profile_decode_evict']
 
 # %% ../../nbs/12a_eval_bench.ipynb #1a00b39d
 MODEL_SPECS = {
@@ -60,8 +60,6 @@ def head_dim_of(model)->int:
     return getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
 
 # %% ../../nbs/12a_eval_bench.ipynb #8bd7f286
-CACHE_FIELDS = ("keys", "values", "positions", "scores")  # the arrays a cache may hold, evaluated by `sync`
-
 def make_caches(model, kind:str, # "plain" (mlx-lm's own cache) or a registry label: "h2o", "h2o[score=key_proxy]"
                 budget:int=512): # average tokens per layer of an evicting kind
     "The per-layer caches a benchmark kind names."
@@ -76,7 +74,7 @@ def tokens_for(model, n:int, seed:int=0)->mx.array:
 # %% ../../nbs/12a_eval_bench.ipynb #b1e0a014
 def sync(out, caches):
     "Evaluate `out` and every array the caches hold."
-    mx.eval(out, [a for c in caches for a in (getattr(c, n, None) for n in CACHE_FIELDS) if a is not None])
+    mx.eval(out, [a for c in caches for a in cache_arrays(c)])
 
 # %% ../../nbs/12a_eval_bench.ipynb #b1e0a017
 def prefill(model, tokens:mx.array, caches, step:int=2048)->mx.array:

@@ -14,8 +14,9 @@ from ..builder import coordinator_of
 from ..h2o import prefill_evict, prefill_evict_reference
 from ..proxy import layer_concentration
 import veloxquant_mlx.cache as _cache_mod
+from ..cache import cache_arrays
 import veloxquant_mlx.builder as _builder_mod
-from .bench import (CACHE_FIELDS, make_caches, tokens_for, prefill, decode_times, kv_nbytes,
+from .bench import (make_caches, tokens_for, prefill, decode_times, kv_nbytes,
                                        overhead_nbytes, med, timed, build_model)
 
 # %% auto #0
@@ -209,7 +210,7 @@ def timed_signals(co): # the caches' `SqueezeCoordinator`
     "Inside the block, seconds of the key concentration, the hidden-state cosine and `co`'s re-budget, in a dict."
     acc = dict(concentration=0.0, hidden_cosine=0.0, rebudget=0.0)
     conc, cos = _cache_mod.layer_concentration, _builder_mod._hidden_cosine
-    held = lambda args: [a for c in co.layers.values() for a in (getattr(c, n) for n in CACHE_FIELDS) if a is not None]
+    held = lambda args: [a for c in co.layers.values() for a in cache_arrays(c)]
     _cache_mod.layer_concentration = clocked(acc, "concentration", conc, lambda args: args[0])
     _builder_mod._hidden_cosine = clocked(acc, "hidden_cosine", cos, lambda args: list(args))
     co.finalize = clocked(acc, "rebudget", co.finalize, held)

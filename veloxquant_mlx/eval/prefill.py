@@ -12,7 +12,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..builder import KVCacheConfig
 from .prompts import family_set
 from .measure import Answers, digits_done, kv_bytes_bf16, full_bytes_bf16, attention_windows, machine_info
-from .batching import make_caches, compress_prompt, cache_arrays
+from .batching import make_caches, compress_prompt
+from ..cache import cache_arrays
 from .grid import FULL
 from .fraction import fraction_config, RETRIEVAL_ROW
 
