@@ -121,7 +121,7 @@ def test_for_model_rejects_models_without_attention_layers():
 
 def test_merge_makes_a_batch_for_mlx_lm():
     from veloxquant_mlx.batch import BatchEvictingCache
-    b = H2OCache.merge([H2OCache(16), H2OCache(16)])
+    b = EvictingCache.merge([H2OCache(16), H2OCache(16)])
     assert isinstance(b, BatchEvictingCache) and len(b) == 2
 
 def test_install_makes_make_prompt_cache_return_ours():

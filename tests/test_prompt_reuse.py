@@ -15,7 +15,7 @@ import pytest
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache, can_trim_prompt_cache, trim_prompt_cache, KVCache
-from veloxquant_mlx import KVCacheConfig, KVCacheBuilder, EvictingCache, coordinator_of
+from veloxquant_mlx import KVCacheConfig, KVCacheBuilder, EvictingCache, H2OCache, coordinator_of
 from veloxquant_mlx.builder import tiny_model, prompt_logits, greedy
 
 FIRST = mx.random.randint(0, 256, (1, 70), key=mx.random.key(31))
