@@ -154,7 +154,8 @@ def _settle(self:EvictingCache):
 def _on_keys(self:EvictingCache, new_keys, qpos, sign:float=1.0):
     "The policy's phase for keys `[B, H, Q, D]` at `qpos` arriving (`sign=-1`: taken back); the storage gives the mass."
     mass = lambda: self.store.key_mass(self.positions, new_keys, qpos, self.window, self.count)
-    self.scores = self.policy.on_keys(self.scores, mass if sign > 0 else lambda: -mass())
+    if sign > 0: self.scores = self.policy.on_keys(self.scores, mass, new_keys)     # float, the last Q slots
+    else: self.scores = self.policy.on_keys(self.scores, lambda: -mass())
 
 @patch
 def _check_hook(self:EvictingCache):

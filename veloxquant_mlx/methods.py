@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
-from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV
+from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV, KeyNorm, MeanAttention
 from .cache import policy_for_score, EvictingCache, install_attention_hook
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SIGNALS
 
 # %% auto #0
-__all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'CHUNK', 'METHODS', 'Param',
-           'Method', 'keep_all_caches', 'register', 'methods_table']
+__all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'CHUNK', 'SELECT', 'METHODS',
+           'Param', 'Method', 'keep_all_caches', 'register', 'methods_table']
 
 # %% ../nbs/04a_methods.ipynb #a9a7c9cb
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ OBS_WINDOW = Param("obs_window", 32, int, "observation window: the last prompt q
 KERNEL = Param("kernel", 7, int, "pooling width of the observation window's mass (odd; 1 is none)")
 POOL = Param("pool", "avg", str, "pooling of the observation window's mass", ("avg", "max"))
 CHUNK = Param("chunk", 10, int, "ChunkKV's chunk length in positions")
+SELECT = Param("chunk", 1, int, "keep whole chunks of this many positions (1: single tokens)")
 
 # %% ../nbs/04a_methods.ipynb #2caa26fa
 @dataclass(frozen=True)
@@ -140,6 +141,11 @@ register(Method("tova", "TOVA", "https://arxiv.org/abs/2401.06104",
 register(Method("chunkkv", "ChunkKV", "https://arxiv.org/abs/2502.00299",
                 "SnapKV's score, kept in whole chunks of consecutive tokens", (OBS_WINDOW, KERNEL, POOL, CHUNK),
                 _window(ChunkKV)))
+register(Method("keynorm", "Key norm", "https://arxiv.org/abs/2406.11430",
+                "the keys of lowest L2 norm (question-agnostic: no queries)", (SELECT,), lambda p: KeyNorm(p["chunk"])))
+register(Method("mean-attention", "Expected attention, measured", "https://arxiv.org/abs/2510.00636",
+                "the most attention received per query that saw it, over the whole prompt (question-agnostic)",
+                (SELECT,), lambda p: MeanAttention(p["chunk"])))
 
 # %% ../nbs/04a_methods.ipynb #191e3e15
 def methods_table(baselines:bool=True)->str:
