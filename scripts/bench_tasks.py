@@ -7,6 +7,7 @@ from veloxquant_mlx.eval.tasks import every_task, config_row, KEY_TASKS, TEXT_KI
 from veloxquant_mlx.models import load_default_model
 
 OLD_DEFAULT = dict(chunk=16, slack=8, window_budget=32, window_method="streamingllm")
+QUESTION_AGNOSTIC = {"qa-keynorm": "keynorm", "qa-meanattn": "mean-attention"}  # row name -> global method
 
 def rows_at(shares):
     "The rows of the study: the default, the old default and two even-share methods at each share; quantization alone."
@@ -14,11 +15,15 @@ def rows_at(shares):
     for f in shares:
         rows[f"default@{f}"] = recommended_config(f)
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
+        for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
+            rows[f"{name}@{f}"] = recommended_config(f, method=method, chunk=16)
     rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0])
     rows[f"chunkkv@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16)
     rows[f"chunkkv+squeeze@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16,
                                                                     schedule="squeeze")
     rows[f"snapkv@{shares[0]}"] = KVCacheConfig.for_method("snapkv", kv_fraction=shares[0])
+    for name, method in QUESTION_AGNOSTIC.items():           # even-share eviction alone, beside `chunkkv@F`
+        rows[f"{name[3:]}@{shares[0]}"] = KVCacheConfig.for_method(method, kv_fraction=shares[0], chunk=16)
     rows["kivi4"] = KVCacheConfig("full", kv_bits=4)
     return rows
 

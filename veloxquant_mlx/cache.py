@@ -179,7 +179,8 @@ def _settle(self:EvictingCache):
 def _on_keys(self:EvictingCache, new_keys, qpos, sign:float=1.0):
     "The policy's phase for keys `[B, H, Q, D]` at `qpos` arriving (`sign=-1`: taken back); the storage gives the mass."
     mass = lambda: self.store.key_mass(self.positions, new_keys, qpos, self.spec.window, self.count)
-    self._scores = self.policy.on_keys(self._scores, mass if sign > 0 else lambda: -mass())
+    if sign > 0: self._scores = self.policy.on_keys(self._scores, mass, new_keys)     # float, the last Q slots
+    else: self._scores = self.policy.on_keys(self._scores, lambda: -mass())
 
 @patch
 def _check_hook(self:EvictingCache):

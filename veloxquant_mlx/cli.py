@@ -318,8 +318,13 @@ def method_params()->list:
     return list(seen.values())
 
 def _param_help(p)->str:
-    users = [m.name for m in _REGISTRY.values() if p in m.params]
-    return f"{p.help} (default {p.default}; {', '.join(users)})"
+    "The option's help: what it is, and its default for each method that takes a parameter of that name."
+    by = {}
+    for m in _REGISTRY.values():
+        q = next((q for q in m.params if q.name == p.name), None)
+        if q is not None: by.setdefault(str(q.default), []).append(m.name)
+    if len(by) == 1: return f"{p.help} (default {p.default}; {', '.join(next(iter(by.values())))})"
+    return f"{p.help} (default " + "; ".join(f"{d}: {', '.join(ms)}" for d, ms in by.items()) + ")"
 
 def _option_type(f):
     "How argparse parses field `f`'s option: the field's type, its error the field's message."

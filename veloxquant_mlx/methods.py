@@ -8,14 +8,14 @@ from dataclasses import dataclass, field, fields
 from typing import Callable
 from fastcore.basics import patch
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
-from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV
+from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV, KeyNorm, MeanAttention
 from .cache import policy_for_score, EvictingCache, install_attention_hook
 from .policies import _check_int
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SIGNALS
 
 # %% auto #0
-__all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'CHUNK', 'METHODS', 'Param',
-           'Method', 'keep_all_caches', 'register', 'H2OCache', 'PyramidKVCache', 'SnapKVCache',
+__all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'CHUNK', 'SELECT', 'METHODS',
+           'Param', 'Method', 'keep_all_caches', 'register', 'H2OCache', 'PyramidKVCache', 'SnapKVCache',
            'SqueezeAttentionCache', 'methods_table']
 
 # %% ../nbs/04a_methods.ipynb #a9a7c9cb
@@ -58,6 +58,8 @@ OBS_WINDOW = Param.of(ObservationWindow, "obs_window",
 KERNEL = Param.of(ObservationWindow, "kernel", "pooling width of the observation window's mass (odd; 1 is none)")
 POOL = Param.of(ObservationWindow, "pool", "pooling of the observation window's mass", choices=("avg", "max"))
 CHUNK = Param.of(ChunkKV, "chunk", "ChunkKV's chunk length in positions")
+SELECT = Param.of(Policy, "chunk", "keep whole chunks of this many positions (1: single tokens)")
+
 
 # %% ../nbs/04a_methods.ipynb #2caa26fa
 @dataclass(frozen=True)
@@ -168,6 +170,11 @@ register(Method("tova", "TOVA", "https://arxiv.org/abs/2401.06104",
 register(Method("chunkkv", "ChunkKV", "https://arxiv.org/abs/2502.00299",
                 "SnapKV's score, kept in whole chunks of consecutive tokens", (OBS_WINDOW, KERNEL, POOL, CHUNK),
                 _window(ChunkKV)))
+register(Method("keynorm", "Key norm", "https://arxiv.org/abs/2406.11430",
+                "the keys of lowest L2 norm (question-agnostic: no queries)", (SELECT,), lambda p: KeyNorm(p["chunk"])))
+register(Method("mean-attention", "Expected attention, measured", "https://arxiv.org/abs/2510.00636",
+                "the most attention received per query that saw it, over the whole prompt (question-agnostic)",
+                (SELECT,), lambda p: MeanAttention(p["chunk"])))
 
 # %% ../nbs/04a_methods.ipynb #3e128198
 def H2OCache(budget:int, # tokens this layer may hold (>= n_sink + 1)

@@ -12,7 +12,7 @@ from .h2o import eviction_priority, topk_keep, chunk_priority, pool_mass
 
 # %% auto #0
 __all__ = ['POLICIES', 'Policy', 'KeyProxy', 'CumulativeAttention', 'ObservationWindow', 'LastQuery', 'Recency', 'ChunkKV',
-           'make_policy']
+           'KeyNorm', 'MeanAttention', 'make_policy']
 
 # %% ../nbs/02a_policies.ipynb #7a991fac
 from .h2o import View   # what a policy sees (notebook 02: the decoding step builds it too)
@@ -48,8 +48,8 @@ class Policy:
         "Phase: queries attended (`mass()`: what each token received; `decode`: a one-token step, no choice due)."
         return scores
 
-    def on_keys(self, scores:mx.array, key_mass)->mx.array:
-        "Phase: new keys arrived (`key_mass()`: their key-as-query mass, computed if asked); the score `[B, H, L]`."
+    def on_keys(self, scores:mx.array, key_mass, keys:mx.array|None=None)->mx.array:
+        "Phase: new keys arrived (`key_mass()`: their key-as-query mass; `keys`: the chunk, the last slots, or None)."
         return scores
 
     def on_window(self, scores:mx.array, obs_mass)->mx.array:
@@ -81,7 +81,7 @@ class Policy:
 class KeyProxy(Policy):
     "H2O scored by the key-as-query proxy: each new key's softmax over what it sees accumulates (no queries needed)."
     name:ClassVar[str] = "key_proxy"
-    def on_keys(self, scores, key_mass):
+    def on_keys(self, scores, key_mass, keys=None):
         "Add the new keys' key-as-query mass over the candidates."
         return scores + key_mass()
 
@@ -151,6 +151,34 @@ class ChunkKV(ObservationWindow):
     "ChunkKV: SnapKV's observation-window score, kept in whole chunks of `chunk` positions."
     chunk:int = 10 # chunk length in positions (the paper's default)
     name:ClassVar[str] = "chunks"
+
+# %% ../nbs/02a_policies.ipynb #0aeeb2b1
+@dataclass
+class KeyNorm(Policy):
+    "Devoto et al.: keep the keys of lowest L2 norm (they draw the most attention); the score is minus the norm."
+    name:ClassVar[str] = "key_norm"
+    def on_keys(self, scores, key_mass, keys=None):
+        "Minus the new keys' norms `[B, H, N]`, added to their slots (the last N of `scores`)."
+        if keys is None: return scores
+        n = keys.shape[2]
+        norm = mx.sqrt(mx.square(keys.astype(mx.float32)).sum(axis=-1))
+        return mx.concatenate([scores[..., :scores.shape[-1] - n], scores[..., -n:] - norm], axis=-1)
+
+# %% ../nbs/02a_policies.ipynb #4c0bdbdc
+@dataclass
+class MeanAttention(Policy):
+    "Expected attention, measured: the mean attention mass a token received from every query that saw it."
+    name:ClassVar[str] = "mean_attention"
+    needs_queries:ClassVar[bool] = True
+    def on_queries(self, scores, mass, decode):
+        "Every pass's mass accumulates (the prompt's chunks and every decoding step)."
+        return scores + mass()
+    def score(self, view:View)->mx.array:
+        "The accumulated mass over the queries that saw each token (`next_pos - position`)."
+        return view.scores / mx.maximum(view.next_pos - view.positions, 1).astype(mx.float32)
+    def keep(self, view:View, budget:int, n_sink:int, window:int|None=None, recent:int=1):
+        "`Policy.keep` by the mean; the kept scores stay the running sums (later passes add to them)."
+        return super().keep(view, budget, n_sink, window, recent)[0], view.scores
 
 # %% ../nbs/02a_policies.ipynb #5c4dd591
 def make_policy(name:str, # a key of `POLICIES`
