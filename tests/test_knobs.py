@@ -13,7 +13,7 @@ from veloxquant_mlx import builder, cli
 from veloxquant_mlx.builder import KVCacheConfig
 from veloxquant_mlx.coordinator import Pyramid, Squeeze
 from veloxquant_mlx.methods import METHODS, Param
-from veloxquant_mlx.policies import ObservationWindow, ChunkKV
+from veloxquant_mlx.policies import Policy, ObservationWindow, ChunkKV
 
 PKG = pathlib.Path(__file__).resolve().parent.parent / "veloxquant_mlx"
 FIELDS = {f.name: f for f in fields(KVCacheConfig)}
@@ -113,11 +113,13 @@ def test_the_label_names_every_labelled_field_and_reads_back():
 
 # --- method parameters from their policy's or schedule's field, and dead code gone ---------------------------------
 
-@pytest.mark.parametrize("owner,name", [(ObservationWindow, "obs_window"), (ObservationWindow, "kernel"),
-                                        (ObservationWindow, "pool"), (ChunkKV, "chunk"), (Pyramid, "beta"),
-                                        (Squeeze, "strength"), (Squeeze, "signal")])
-def test_a_method_parameter_is_its_fields_default(owner, name):
-    params = {p.name: p for m in METHODS.values() for p in m.params}
+@pytest.mark.parametrize("method,owner,name", [("snapkv", ObservationWindow, "obs_window"),
+                                               ("snapkv", ObservationWindow, "kernel"),
+                                               ("snapkv", ObservationWindow, "pool"), ("chunkkv", ChunkKV, "chunk"),
+                                               ("keynorm", Policy, "chunk"), ("pyramidkv", Pyramid, "beta"),
+                                               ("squeeze", Squeeze, "strength"), ("squeeze", Squeeze, "signal")])
+def test_a_method_parameter_is_its_fields_default(method, owner, name):
+    params = {p.name: p for p in METHODS[method].params}
     assert params[name].default == getattr(owner(), name)
     assert params[name] == Param.of(owner, name, params[name].help, choices=params[name].choices)
 

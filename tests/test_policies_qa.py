@@ -41,7 +41,7 @@ def test_key_norm_keeps_the_lowest_norms(bits):
     c.update_and_fetch(k, v)                                       # one chunk: scored from the float keys, then cut
     ref = -np.linalg.norm(np.array(k[0]), axis=-1)                 # [H, S]
     assert kept(c) == expected_keep(ref, 3, 12)
-    np.testing.assert_allclose(np.array(c.scores[0, :, :c.count]),
+    np.testing.assert_allclose(np.array(c._scores[0, :, :c.count]),
                                np.take_along_axis(ref, np.array(c.positions[0, :, :c.count]), axis=-1), rtol=1e-5)
 
 def test_key_norm_sees_the_incoming_float_keys_before_packing():
@@ -104,7 +104,7 @@ def test_mean_attention_keeps_the_best_mean_mass():
     mass = dense_mass(q, k, 0.25)
     mean = mass / (30 - np.arange(30))                              # queries 0..29 see key p: 30 - p of them
     assert kept(c) == expected_keep(mean, 2, 12)
-    np.testing.assert_allclose(np.array(c.scores[0, :, :c.count]),  # the kept scores are the sums
+    np.testing.assert_allclose(np.array(c._scores[0, :, :c.count]),  # the kept scores are the sums
                                np.take_along_axis(mass, np.array(c.positions[0, :, :c.count]), axis=-1), rtol=1e-4)
 
 def test_mean_attention_prompt_end_in_chunks_equals_one_chunk():
@@ -120,7 +120,7 @@ def test_mean_attention_prompt_end_in_chunks_equals_one_chunk():
         return c
     one, many = run([30]), run([5] * 6)
     assert kept(one) == kept(many) and one.count == 12
-    np.testing.assert_allclose(np.array(one.scores), np.array(many.scores), atol=1e-4)
+    np.testing.assert_allclose(np.array(one._scores), np.array(many._scores), atol=1e-4)
 
 # --- tiny models: the builder, generation, save/load -----------------------------------------------------------------
 
@@ -140,7 +140,7 @@ def test_tiny_models_generate_and_round_trip(arch, method):
         save_prompt_cache(f, caches)
         loaded = load_prompt_cache(f)
     assert [type(c.policy) for c in loaded] == [type(c.policy) for c in caches]
-    assert all(mx.array_equal(a.positions, b.positions).item() and mx.array_equal(a.scores, b.scores).item()
+    assert all(mx.array_equal(a.positions, b.positions).item() and mx.array_equal(a._scores, b._scores).item()
                for a, b in zip(caches, loaded))
     for t in (5, 9, 13):                                           # decoding on, evicting, from both copies
         nxt = mx.array([[t]])

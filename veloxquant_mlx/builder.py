@@ -249,8 +249,8 @@ def _check_fraction(self:KVCacheConfig):
         raise ValueError(f"give `budget` (tokens per layer) or `kv_fraction`, not both (got {self.budget} and "
                          f"{self.kv_fraction})")
     if self.entry.baseline and self.entry.budgeted:
-        raise ValueError(f"method {self.method!r} keeps a ring of `budget` tokens in mlx-lm's own cache: give `budget`, "
-                         "not `kv_fraction`")
+        raise ValueError(f"method {self.method!r} keeps a ring of `budget` tokens in mlx-lm's own cache: "
+                         "give `budget`, not `kv_fraction`")
     if self.compress != "prompt_end" and not self.entry.baseline:
         raise ValueError("`kv_fraction` sets the budgets from the prompt's length, known at its end: it needs "
                          f"compress='prompt_end', got {self.compress!r}")

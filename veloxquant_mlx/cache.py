@@ -558,7 +558,8 @@ def state(self:EvictingCache, v):
     "Restore a layer from what `state` returned."
     *arrays, meta = v
     if len(arrays) not in (4, 5) or not isinstance(meta, str):
-        raise ValueError(f"the state of an {type(self).__name__} is 4 or 5 arrays and a JSON string, got {len(v)} items")
+        raise ValueError(f"the state of an {type(self).__name__} is 4 or 5 arrays and a JSON string, "
+                         f"got {len(v)} items")
     meta = json.loads(meta)
     self.store = storage_from_meta(meta.get("storage"))
     if arrays[0] is not None: self.store.set_state(arrays[0], arrays[1], meta.get("storage"))
