@@ -21,6 +21,7 @@ from .methods import (Method, Param, register, methods_table, H2OCache, PyramidK
                                     SqueezeAttentionCache)
 from .builder import KVCacheConfig, KVCacheFactory, KVCacheBuilder, cache_summary, coordinator_of
 from .batch import BatchEvictingCache
+import veloxquant_mlx.serve  # registers `veloxquant serve` with the CLI (the CLI never imports the server)
 __all__ = ["concentration_score", "layer_concentration", "pyramid_budgets", "squeeze_budgets", "allocate_exact",
            "Policy", "KeyProxy", "CumulativeAttention", "ObservationWindow", "LastQuery", "Recency", "ChunkKV",
            "Storage", "FloatStorage", "GroupStorage", "KiviStorage", "make_storage",

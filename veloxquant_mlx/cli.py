@@ -10,11 +10,11 @@ import argparse, json, os, re, sys, time
 from dataclasses import dataclass
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'CONFIG_FIELDS', 'METHODS', 'DEFAULT_BUDGET', 'CLIError', 'ByteTokenizer', 'load_cli_model',
+__all__ = ['TINY_ARCHS', 'CONFIG_FIELDS', 'METHODS', 'DEFAULT_BUDGET', 'COMMANDS', 'CLIError', 'ByteTokenizer', 'load_cli_model',
            'context_length', 'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'config_options',
            'RunOptions', 'method_config', 'encode_prompt', 'run_method', 'plan_line', 'format_report', 'format_compare',
-           'method_params', 'add_method_option', 'add_config_options', 'build_parser', 'read_prompt',
-           'configs_from_args', 'options_from_args', 'main']
+           'register_command', 'method_params', 'add_method_option', 'add_config_options', 'build_parser',
+           'read_prompt', 'configs_from_args', 'options_from_args', 'main']
 
 # %% ../nbs/07_cli.ipynb #f49069b6
 class CLIError(Exception):
@@ -308,6 +308,15 @@ def format_compare(results:list, width:int=48)->str:
                "Apple silicon; speeds in tok/s)")
     return "\n".join(out)
 
+# %% ../nbs/07_cli.ipynb #d6b96951
+COMMANDS = {}  # more subcommands: name -> (add its parser to the subparsers, run it with the parsed args)
+
+def register_command(name:str, # the subcommand
+                     add, # `add(subparsers)`: its parser
+                     run): # `run(args) -> int`: what it does
+    "Plug a subcommand into `veloxquant` (how `serve` joins from its own module)."
+    COMMANDS[name] = (add, run)
+
 # %% ../nbs/07_cli.ipynb #b866d46c
 def method_params()->list:
     "Every parameter of the registered methods, once each (the CLI makes an option of each)."
@@ -381,8 +390,7 @@ def build_parser()->argparse.ArgumentParser:
     k.add_argument("--key", default="52817", help="the pass key")
     k.add_argument("--depth", type=float, default=0.5, help="where the key sits, 0..1")
     k.add_argument("--model", default=None, help="whose tokenizer counts the tokens (as for generate)")
-    from veloxquant_mlx.serve import add_serve_parser   # `veloxquant serve` (notebook 07a)
-    add_serve_parser(sub)
+    for add, _ in COMMANDS.values(): add(sub)         # plugged in by their modules (`serve`, notebook 07a)
     return ap
 
 def read_prompt(args, stdin=None)->str:
@@ -420,9 +428,7 @@ def options_from_args(args, methods:list)->list:
     return [RunOptions(c, args.max_tokens, args.prefill_step) for c in configs_from_args(args, methods)]
 
 def _run(args, out, stdin):
-    if args.command == "serve":
-        from veloxquant_mlx.serve import serve_from_args   # notebook 07a
-        return serve_from_args(args)
+    if args.command in COMMANDS: return COMMANDS[args.command][1](args)
     if args.command == "passkey":
         model, tok = load_cli_model(args.model)
         try: out.write(passkey_prompt(args.tokens, args.key, args.depth, tok) + "\n")

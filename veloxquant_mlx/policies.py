@@ -157,6 +157,7 @@ class ChunkKV(ObservationWindow):
 class KeyNorm(Policy):
     "Devoto et al.: keep the keys of lowest L2 norm (they draw the most attention); the score is minus the norm."
     name:ClassVar[str] = "key_norm"
+    needs_queries:ClassVar[bool] = False # the keys alone decide: no attention hook needed
     def on_keys(self, scores, key_mass, keys=None):
         "Minus the new keys' norms `[B, H, N]`, added to their slots (the last N of `scores`)."
         if keys is None: return scores
@@ -166,19 +167,15 @@ class KeyNorm(Policy):
 
 # %% ../nbs/02a_policies.ipynb #4c0bdbdc
 @dataclass
-class MeanAttention(Policy):
+class MeanAttention(CumulativeAttention):
     "Expected attention, measured: the mean attention mass a token received from every query that saw it."
     name:ClassVar[str] = "mean_attention"
-    needs_queries:ClassVar[bool] = True
-    def on_queries(self, scores, mass, decode):
-        "Every pass's mass accumulates (the prompt's chunks and every decoding step)."
-        return scores + mass()
-    def score(self, view:View)->mx.array:
-        "The accumulated mass over the queries that saw each token (`next_pos - position`)."
-        return view.scores / mx.maximum(view.next_pos - view.positions, 1).astype(mx.float32)
     def keep(self, view:View, budget:int, n_sink:int, window:int|None=None, recent:int=1):
         "`Policy.keep` by the mean; the kept scores stay the running sums (later passes add to them)."
         return super().keep(view, budget, n_sink, window, recent)[0], view.scores
+    def score(self, view:View)->mx.array:
+        "H2O's accumulated mass over the queries that saw each token (`next_pos - position`)."
+        return view.scores / mx.maximum(view.next_pos - view.positions, 1).astype(mx.float32)
 
 # %% ../nbs/02a_policies.ipynb #5c4dd591
 def make_policy(name:str, # a key of `POLICIES`

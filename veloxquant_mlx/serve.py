@@ -663,3 +663,7 @@ def serve_from_args(args, err=None)->int:
     print("veloxquant serve: stopped", file=err, flush=True)
     sys.stdout.flush()
     os._exit(0)
+
+# %% ../nbs/07a_serve.ipynb #7179e55f
+from .cli import register_command
+register_command("serve", add_serve_parser, serve_from_args)
