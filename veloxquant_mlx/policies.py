@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, asdict, fields
 from typing import ClassVar
 import mlx.core as mx
+from fastcore.basics import patch
 from .h2o import eviction_priority, topk_keep, chunk_priority, pool_mass
 
 # %% auto #0
@@ -44,37 +45,48 @@ class Policy:
         super().__init_subclass__(**kwargs)
         if "name" in cls.__dict__: POLICIES[cls.name] = cls
 
-    def on_queries(self, scores:mx.array, mass, decode:bool)->mx.array:
-        "Phase: queries attended (`mass()`: what each token received; `decode`: a one-token step, no choice due)."
-        return scores
 
-    def on_keys(self, scores:mx.array, key_mass, keys:mx.array|None=None)->mx.array:
-        "Phase: new keys arrived (`key_mass()`: their key-as-query mass; `keys`: the chunk, the last slots, or None)."
-        return scores
+# %% ../nbs/02a_policies.ipynb #851f469e
+@patch
+def on_queries(self:Policy, scores:mx.array, mass, decode:bool)->mx.array:
+    "Phase: queries attended (`mass()`: what each token received; `decode`: a one-token step, no choice due)."
+    return scores
 
-    def on_window(self, scores:mx.array, obs_mass)->mx.array:
-        "Phase: a choice is due (`obs_mass()`: what the remembered observation queries give each token)."
-        return scores
+@patch
+def on_keys(self:Policy, scores:mx.array, key_mass, keys:mx.array|None=None)->mx.array:
+    "Phase: new keys arrived (`key_mass()`: their key-as-query mass; `keys`: the chunk, the last slots, or None)."
+    return scores
 
-    def score(self, view:View)->mx.array:
-        "The one scoring hook: a float32 `[B, H, L]` per held token, higher is kept."
-        return view.scores
+@patch
+def on_window(self:Policy, scores:mx.array, obs_mass)->mx.array:
+    "Phase: a choice is due (`obs_mass()`: what the remembered observation queries give each token)."
+    return scores
 
-    def keep(self, view:View, budget:int, n_sink:int, window:int|None=None, recent:int=1):
-        "Indices `[B, H, budget]` of the tokens to keep (slot order), and the scores they keep."
-        s = self.score(view)
-        rank = s
-        if self.chunk > 1: rank = chunk_priority(s, view.positions, self.chunk, -(-view.next_pos // self.chunk))
-        protect = max(recent, 1, self.obs_window)
-        return topk_keep(eviction_priority(rank, view.positions, n_sink, view.next_pos, window, protect), budget), s
+# %% ../nbs/02a_policies.ipynb #38bd8af8
+@patch
+def score(self:Policy, view:View)->mx.array:
+    "The one scoring hook: a float32 `[B, H, L]` per held token, higher is kept."
+    return view.scores
 
-    def fitted(self, budget:int, n_sink:int)->"Policy":
-        "This policy for a layer of `budget` tokens (an observation window never larger than what can be kept)."
-        return self
+@patch
+def keep(self:Policy, view:View, budget:int, n_sink:int, window:int|None=None, recent:int=1):
+    "Indices `[B, H, budget]` of the tokens to keep (slot order), and the scores they keep."
+    s = self.score(view)
+    rank = s
+    if self.chunk > 1: rank = chunk_priority(s, view.positions, self.chunk, -(-view.next_pos // self.chunk))
+    protect = max(recent, 1, self.obs_window)
+    return topk_keep(eviction_priority(rank, view.positions, n_sink, view.next_pos, window, protect), budget), s
 
-    def params(self)->dict:
-        "The policy's parameters (what a saved state and a report record)."
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+# %% ../nbs/02a_policies.ipynb #190302fc
+@patch
+def fitted(self:Policy, budget:int, n_sink:int)->Policy:
+    "This policy for a layer of `budget` tokens (an observation window never larger than what can be kept)."
+    return self
+
+@patch
+def params(self:Policy)->dict:
+    "The policy's parameters (what a saved state and a report record)."
+    return {f.name: getattr(self, f.name) for f in fields(self)}
 
 # %% ../nbs/02a_policies.ipynb #4a9ad5af
 @dataclass
@@ -110,18 +122,23 @@ class ObservationWindow(Policy):
         _check_int("obs_window", self.obs_window, 1)
         pool_mass(mx.zeros(1), self.kernel, self.pool)                    # validates kernel and pool
 
-    def on_queries(self, scores, mass, decode):
-        "Decoding steps accumulate their mass (to evict one token per step); prompt chunks do not."
-        return scores + mass() if decode else scores
 
-    def on_window(self, scores, obs_mass):
-        "Add the pooled mass of the observation window."
-        return scores + pool_mass(obs_mass(), self.kernel, self.pool)
+# %% ../nbs/02a_policies.ipynb #d495d970
+@patch
+def on_queries(self:ObservationWindow, scores, mass, decode):
+    "Decoding steps accumulate their mass (to evict one token per step); prompt chunks do not."
+    return scores + mass() if decode else scores
 
-    def fitted(self, budget:int, n_sink:int):
-        "The window shrinks to what a small layer can keep beside its sinks."
-        w = min(self.obs_window, budget - n_sink)
-        return self if w == self.obs_window else type(self)(**{**self.params(), "obs_window": max(w, 1)})
+@patch
+def on_window(self:ObservationWindow, scores, obs_mass):
+    "Add the pooled mass of the observation window."
+    return scores + pool_mass(obs_mass(), self.kernel, self.pool)
+
+@patch
+def fitted(self:ObservationWindow, budget:int, n_sink:int):
+    "The window shrinks to what a small layer can keep beside its sinks."
+    w = min(self.obs_window, budget - n_sink)
+    return self if w == self.obs_window else type(self)(**{**self.params(), "obs_window": max(w, 1)})
 
 # %% ../nbs/02a_policies.ipynb #d067d335
 @dataclass
