@@ -12,8 +12,8 @@ from fastcore.basics import patch
 from .h2o import eviction_priority, topk_keep, chunk_priority, pool_mass
 
 # %% auto #0
-__all__ = ['POLICIES', 'Policy', 'KeyProxy', 'CumulativeAttention', 'ObservationWindow', 'LastQuery', 'Recency', 'ChunkKV',
-           'KeyNorm', 'MeanAttention', 'make_policy']
+__all__ = ['POLICIES', 'NORM_DECIMALS', 'Policy', 'KeyProxy', 'CumulativeAttention', 'ObservationWindow', 'LastQuery', 'Recency',
+           'ChunkKV', 'KeyNorm', 'MeanAttention', 'make_policy']
 
 # %% ../nbs/02a_policies.ipynb #7a991fac
 from .h2o import View   # what a policy sees (notebook 02: the decoding step builds it too)
@@ -170,6 +170,8 @@ class ChunkKV(ObservationWindow):
     name:ClassVar[str] = "chunks"
 
 # %% ../nbs/02a_policies.ipynb #0aeeb2b1
+NORM_DECIMALS = 3  # equal norms (a repeated token: RoPE keeps the norm) must tie, not be ordered by float noise
+
 @dataclass
 class KeyNorm(Policy):
     "Devoto et al.: keep the keys of lowest L2 norm (they draw the most attention); the score is minus the norm."
@@ -179,7 +181,7 @@ class KeyNorm(Policy):
         "Minus the new keys' norms `[B, H, N]`, added to their slots (the last N of `scores`)."
         if keys is None: return scores
         n = keys.shape[2]
-        norm = mx.sqrt(mx.square(keys.astype(mx.float32)).sum(axis=-1))
+        norm = mx.round(mx.sqrt(mx.square(keys.astype(mx.float32)).sum(axis=-1)), NORM_DECIMALS)
         return mx.concatenate([scores[..., :scores.shape[-1] - n], scores[..., -n:] - norm], axis=-1)
 
 # %% ../nbs/02a_policies.ipynb #4c0bdbdc
