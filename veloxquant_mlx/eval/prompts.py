@@ -47,7 +47,7 @@ _DOC_MODULES = (
     "collections itertools functools textwrap string argparse subprocess json pathlib shutil logging "
     "threading socket email.message http.client urllib.request csv datetime decimal fractions statistics "
     "random heapq bisect zipfile tarfile tempfile unittest difflib pprint contextlib dataclasses enum "
-    "typing asyncio sqlite3 xml.dom.minidom configparser calendar gettext locale codecs io os sys"
+    "typing asyncio sqlite3 xml.dom.minidom configparser calendar gettext locale codecs io os"
 ).split()
 
 
@@ -61,14 +61,15 @@ def docstring_prose() -> str:
             m = importlib.import_module(name)
         except Exception:
             continue
-        for o in [m] + [getattr(m, a) for a in sorted(dir(m)) if not a.startswith("_")]:
+        own = [getattr(m, a) for a in sorted(dir(m)) if not a.startswith("_")]
+        for o in [m] + [o for o in own if not inspect.ismodule(o)]:   # submodules: only if imported elsewhere
             try:
                 d = inspect.getdoc(o)
             except Exception:
                 d = None
-            if not d or id(d) in seen:
+            if not d or d in seen:                 # by text: an id can be reused once a docstring is freed
                 continue
-            seen.add(id(d))
+            seen.add(d)
             for p in re.split(r"\n\s*\n", d):
                 lines = [l for l in p.splitlines() if l.strip()]
                 if not lines or any(l.startswith((" ", "\t", ">>>", "...")) for l in lines):
