@@ -434,13 +434,14 @@ def _hidden_cosine(x, r)->float:
     return float(mx.where(den > 0, num / mx.maximum(den, 1e-30), 1.0).mean().item())
 
 # %% ../nbs/05_builder.ipynb #cbdc2fb4
-_HIDDEN_IN = {}  # id(cache) -> (block, hidden state in): from a block's call to its attention's
+import weakref
+_HIDDEN_IN = weakref.WeakKeyDictionary()  # cache -> (block, hidden state in): from a block's call to its attention's
 
 def _block_call(orig):
     "A transformer block's `__call__` that first leaves its input for its attention module, for a waiting cache."
     def call(self, x, *args, _orig=orig, **kwargs):
         c = _cache_arg(args, kwargs)
-        if hasattr(c, "report_hidden"): _HIDDEN_IN[id(c)] = (self, x)
+        if hasattr(c, "report_hidden"): _HIDDEN_IN[c] = (self, x)   # by the cache itself: an id can be reused
         return _orig(self, x, *args, **kwargs)
     return call
 
@@ -450,7 +451,7 @@ def _attn_call(orig):
     def call(self, x, *args, _orig=orig, **kwargs):
         out = _orig(self, x, *args, **kwargs)
         c = _cache_arg(args, kwargs)
-        blk, h = _HIDDEN_IN.pop(id(c), (None, None))
+        blk, h = _HIDDEN_IN.pop(c, (None, None)) if hasattr(c, "report_hidden") else (None, None)
         if blk is not None:
             r = blk.post_attention_layernorm(out) if hasattr(blk, "pre_feedforward_layernorm") else out
             import veloxquant_mlx.builder as package   # the package's copy, whichever copy patched
