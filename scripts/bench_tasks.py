@@ -15,6 +15,7 @@ def rows_at(shares):
     for f in shares:
         rows[f"default@{f}"] = recommended_config(f)
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
+        rows[f"prev-default@{f}"] = recommended_config(f)
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
             rows[f"{name}@{f}"] = recommended_config(f, method=method, chunk=16)
     rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0])
@@ -28,15 +29,19 @@ def rows_at(shares):
     return rows
 
 def builders(configs):
-    "Rows as functions `model -> caches`; `keep-all@F` is the default with no global eviction allowance."
+    "Rows as functions `model -> caches`; `keep-all@F` and `prev-default@F` are the default with its planner changed."
     from veloxquant_mlx.builder import KVCacheBuilder, coordinator_of
-    def keep_all(cfg):
+    from veloxquant_mlx.planner import LADDER
+    planners = {"keep-all": dict(max_evict=0.0),                               # no eviction allowance
+                "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0)}   # the last round's planner
+    def planned(cfg, attrs):
         def build(model):
             caches = KVCacheBuilder.for_model(model, cfg)
-            coordinator_of(caches).max_evict = 0.0
+            for k, v in attrs.items(): setattr(coordinator_of(caches), k, v)
             return caches
         return build
-    return {k: keep_all(c) if k.startswith("keep-all") else config_row(c) for k, c in configs.items()}
+    return {k: planned(c, planners[k.split("@")[0]]) if k.split("@")[0] in planners else config_row(c)
+            for k, c in configs.items()}
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)

@@ -13,12 +13,12 @@ from .coordinator import (Schedule, PromptEndCoordinator, fraction_budgets, full
                                         residual_slots)
 
 # %% auto #0
-__all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'GLOBAL_EVICT', 'LOSSLESS', 'plan_bytes', 'prices', 'plan_layers',
-           'PlanCoordinator', 'KVPlan', 'squeeze_weights', 'pyramid_weights', 'WeightedFractionCoordinator',
-           'WeightedFraction']
+__all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'GLOBAL_EVICT', 'LOSSLESS', 'WINDOW_TRIM', 'plan_bytes', 'prices',
+           'plan_layers', 'PlanCoordinator', 'KVPlan', 'squeeze_weights', 'pyramid_weights',
+           'WeightedFractionCoordinator', 'WeightedFraction']
 
 # %% ../nbs/04b_planner.ipynb #582621e6
-LADDER = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3), (3, 3), (3, 2))  # (windowed, global) bits, best first: measured
+LADDER = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3), (3, 3))  # (windowed, global) bits, best first: measured (no 2 bits)
 
 def plan_bytes(bits:list, # per-layer bits (None: the model's dtype)
                budgets:list, # per-layer tokens kept
@@ -43,9 +43,10 @@ def prices(bits:list, # per-layer bits (None or 16: the model's dtype)
 
 # %% ../nbs/04b_planner.ipynb #37278a37
 WINDOW_STEPS = ("window", 256, 128, "even")  # sliding-window tokens tried, in order, once evicting
-GLOBAL_KEEP = 0.5  # a step is taken if the global layers keep this share of their tokens (else the last that fits)
+GLOBAL_KEEP = 0.4  # a step is taken if the global layers keep this share of their tokens (else the last that fits)
 GLOBAL_EVICT = 0.15  # a lossless rung may evict this share of the global layers' tokens before a lossy rung is used
 LOSSLESS = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3))  # rungs measured within 0.5 % of the full cache's perplexity
+WINDOW_TRIM = 2  # groups a lossless rung may take from each windowed layer to keep every global token
 
 def _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack):
     "Budgets at `bits` with the windowed layers at `step` tokens, the residual's reserve as tight as it can be."
@@ -83,19 +84,26 @@ def plan_layers(n_tokens:int, # the prompt's length
                 window_budget:int|None=None, # tokens per windowed layer once evicting (None: `WINDOW_STEPS`)
                 slack:int=0, # tokens a choice leaves free (see `prices`)
                 max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict
+                window_trim:int=WINDOW_TRIM, # groups a rung may take from each window to keep every global token
                )->tuple:
     "(bits, budgets) per layer: the most precise rung that keeps (nearly) every token within the share, else evict."
     _check_real("fraction", fraction, 0.0, 1.0)
     if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
     full, cap = full_slots(_check_int("n_tokens", n_tokens, 1), windows), fraction * sum(full_slots(n_tokens, windows))
+    _check_int("window_trim", window_trim, 0)
     glob = [i for i, w in enumerate(windows) if w is None]
     widths = lambda r: [r[1] if w is None else r[0] for w in windows]
     keep = next((r for r in ladder if plan_bytes(widths(r), full, group_size, scheme, slack) <= cap + 1e-9), None)
     if keep is not None and keep in LOSSLESS: return widths(keep), full
-    for r in (r for r in ladder if r in LOSSLESS and max_evict and glob):  # a few global tokens before a lossy width
-        try: b = _budgets_at(n_tokens, fraction, windows, n_sink, widths(r), group_size, scheme, "window", slack)
+    rungs = [r for r in ladder if r in LOSSLESS] if max_evict and glob else []
+    wins = [w for w in windows if w is not None]
+    trim = max(wins) - window_trim * group_size if wins and max(wins) > (window_trim + 1) * group_size else None
+    tries = [(r, trim, 0.0) for r in rungs if window_trim and trim] + [(r, "window", max_evict) for r in rungs]
+    whole = sum(full[i] - full[i] % group_size for i in glob)              # the global tokens in whole groups
+    for r, step, evict in tries:    # groups off each window, then a few global tokens, before a lossy width
+        try: b = _budgets_at(n_tokens, fraction, windows, n_sink, widths(r), group_size, scheme, step, slack)
         except ValueError: continue
-        if sum(b[i] for i in glob) >= (1 - max_evict) * sum(full[i] for i in glob): return widths(r), b
+        if sum(b[i] for i in glob) >= (1 - evict) * whole: return widths(r), b
     if keep is not None: return widths(keep), full
     bits = widths(ladder[-1]) if ladder else None
     steps = WINDOW_STEPS if window_budget is None else (window_budget, "even")
@@ -116,15 +124,18 @@ class PlanCoordinator(PromptEndCoordinator):
                  window_budget:int|None=None, # tokens per windowed layer once evicting (None: the window)
                  slack:int=0, # tokens a choice leaves free (the layers' `slack`)
                  max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict
+                 window_trim:int=WINDOW_TRIM, # groups a rung may take from each window to keep every global token
                 ):
         super().__init__(n_layers, fraction, windows, n_sink, window_budget)
         self.group_size, self.ladder, self.slack, self.max_evict, self.bits = group_size, ladder, slack, max_evict, None
+        self.window_trim = window_trim
 
     def prompt_ended(self, n_tokens:int):
         "The prompt is `n_tokens` long: every layer's width, then its budget (once per prompt)."
         if self._budgets is not None: return
         self.bits, self._budgets = plan_layers(n_tokens, self.fraction, self.windows, self.n_sink, self.group_size,
-                                               "kivi", self.ladder, self.window_budget, self.slack, self.max_evict)
+                                               "kivi", self.ladder, self.window_budget, self.slack, self.max_evict,
+                                               self.window_trim)
         self.slot_bytes, self.reserve = prices(self.bits, self._budgets, self.group_size, "kivi", self.slack)
         self.n_tokens = n_tokens
         for i, cache in self.layers.items():
@@ -146,13 +157,15 @@ class KVPlan(Schedule):
     ladder:tuple = LADDER # (windowed, global) bits, most precise first
     slack:int = 0 # the layers' slack (it bounds the residual)
     max_evict:float = GLOBAL_EVICT # share of the global layers' tokens a rung may evict
+    window_trim:int = WINDOW_TRIM # groups a rung may take from each window to keep every global token
     name:ClassVar[str] = "kv_plan"
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
         if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
+        _check_int("window_trim", self.window_trim, 0)
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return PlanCoordinator(n_layers, self.fraction, caps, n_sink, self.kv_group_size, self.ladder,
-                               self.window_budget, self.slack, self.max_evict)
+                               self.window_budget, self.slack, self.max_evict, self.window_trim)
 
 # %% ../nbs/04b_planner.ipynb #0fdfc248
 from .allocators import allocate_exact
