@@ -16,6 +16,7 @@ def rows_at(shares):
         rows[f"default@{f}"] = recommended_config(f)
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
         rows[f"prev-default@{f}"] = recommended_config(f)
+        if f < 0.2: rows[f"w128@{f}"] = recommended_config(f)   # past the ladder: windows of 128, not 256
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
             rows[f"{name}@{f}"] = recommended_config(f, method=method, chunk=16)
     rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0])
@@ -33,7 +34,8 @@ def builders(configs):
     from veloxquant_mlx.builder import KVCacheBuilder, coordinator_of
     from veloxquant_mlx.planner import LADDER
     planners = {"keep-all": dict(max_evict=0.0),                               # no eviction allowance
-                "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0)}   # the last round's planner
+                "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0),   # the previous planner
+                "w128": dict(window_budget=128)}                                  # smaller windows, more global tokens
     def planned(cfg, attrs):
         def build(model):
             caches = KVCacheBuilder.for_model(model, cfg)

@@ -46,7 +46,7 @@ WINDOW_STEPS = ("window", 256, 128, "even")  # sliding-window tokens tried, in o
 GLOBAL_KEEP = 0.4  # a step is taken if the global layers keep this share of their tokens (else the last that fits)
 GLOBAL_EVICT = 0.15  # a lossless rung may evict this share of the global layers' tokens before a lossy rung is used
 LOSSLESS = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3))  # rungs measured within 0.5 % of the full cache's perplexity
-WINDOW_TRIM = 2  # groups a lossless rung may take from each windowed layer to keep every global token
+WINDOW_TRIM = 2  # groups a lossless rung may take from the largest window (and any as large) to keep global tokens
 
 def _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack):
     "Budgets at `bits` with the windowed layers at `step` tokens, the residual's reserve as tight as it can be."
@@ -83,8 +83,8 @@ def plan_layers(n_tokens:int, # the prompt's length
                 ladder:tuple=LADDER, # (windowed, global) bits, most precise first
                 window_budget:int|None=None, # tokens per windowed layer once evicting (None: `WINDOW_STEPS`)
                 slack:int=0, # tokens a choice leaves free (see `prices`)
-                max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict
-                window_trim:int=WINDOW_TRIM, # groups a rung may take from each window to keep every global token
+                max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict (0: no trim either)
+                window_trim:int=WINDOW_TRIM, # groups a rung may take from the windows to keep the global tokens
                )->tuple:
     "(bits, budgets) per layer: the most precise rung that keeps (nearly) every token within the share, else evict."
     _check_real("fraction", fraction, 0.0, 1.0)
@@ -98,12 +98,13 @@ def plan_layers(n_tokens:int, # the prompt's length
     rungs = [r for r in ladder if r in LOSSLESS] if max_evict and glob else []
     wins = [w for w in windows if w is not None]
     trim = max(wins) - window_trim * group_size if wins and max(wins) > (window_trim + 1) * group_size else None
-    tries = [(r, trim, 0.0) for r in rungs if window_trim and trim] + [(r, "window", max_evict) for r in rungs]
-    whole = sum(full[i] - full[i] % group_size for i in glob)              # the global tokens in whole groups
-    for r, step, evict in tries:    # groups off each window, then a few global tokens, before a lossy width
+    allowed = (1 - max_evict) * sum(full[i] for i in glob)                 # the global tokens a rung must keep
+    whole = max(allowed, sum(full[i] - full[i] % group_size for i in glob))  # with trimmed windows: every whole group
+    tries = [(r, trim, whole) for r in rungs if window_trim and trim] + [(r, "window", allowed) for r in rungs]
+    for r, step, need in tries:     # groups off the windows, then a few global tokens, before a lossy width
         try: b = _budgets_at(n_tokens, fraction, windows, n_sink, widths(r), group_size, scheme, step, slack)
         except ValueError: continue
-        if sum(b[i] for i in glob) >= (1 - evict) * whole: return widths(r), b
+        if sum(b[i] for i in glob) >= need: return widths(r), b
     if keep is not None: return widths(keep), full
     bits = widths(ladder[-1]) if ladder else None
     steps = WINDOW_STEPS if window_budget is None else (window_budget, "even")
