@@ -125,7 +125,7 @@ class PlanCoordinator(PromptEndCoordinator):
                  window_budget:int|None=None, # tokens per windowed layer once evicting (None: the window)
                  slack:int=0, # tokens a choice leaves free (the layers' `slack`)
                  max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict
-                 window_trim:int=WINDOW_TRIM, # groups a rung may take from each window to keep every global token
+                 window_trim:int=WINDOW_TRIM, # groups a rung may take from the windows to keep the global tokens
                 ):
         super().__init__(n_layers, fraction, windows, n_sink, window_budget)
         self.group_size, self.ladder, self.slack, self.max_evict, self.bits = group_size, ladder, slack, max_evict, None
@@ -158,7 +158,7 @@ class KVPlan(Schedule):
     ladder:tuple = LADDER # (windowed, global) bits, most precise first
     slack:int = 0 # the layers' slack (it bounds the residual)
     max_evict:float = GLOBAL_EVICT # share of the global layers' tokens a rung may evict
-    window_trim:int = WINDOW_TRIM # groups a rung may take from each window to keep every global token
+    window_trim:int = WINDOW_TRIM # groups a rung may take from the windows to keep the global tokens
     name:ClassVar[str] = "kv_plan"
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
