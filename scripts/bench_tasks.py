@@ -29,17 +29,33 @@ def rows_at(shares):
     rows["kivi4"] = KVCacheConfig("full", kv_bits=4)
     return rows
 
-def builders(configs):
+def bound_rows(shares):
+    "What the family can reach: every token at 3 or 2 bits, every global token at 3 bits with 256-token windows, and the default."
+    rows = {f"default@{f}": recommended_config(f) for f in shares}
+    return rows | {"kivi3": KVCacheConfig("full", kv_bits=3), "kivi2": KVCacheConfig("full", kv_bits=2),
+                   "all-global-w256": recommended_config(0.5)}
+
+def all_global_share(windows, n_tokens, bits=3):
+    "The share of bytes holding every global token and 256 per window at `bits` (`n_tokens` in whole groups of 64)."
+    from veloxquant_mlx.coordinator import full_slots
+    from veloxquant_mlx.planner import plan_bytes
+    held = [n_tokens if w is None else min(w, 256) for w in windows]
+    return plan_bytes([bits] * len(windows), held) / sum(full_slots(n_tokens, windows)) + 1e-9
+
+def builders(configs, context=None):
     "Rows as functions `model -> caches`; `keep-all@F` and `prev-default@F` are the default with its planner changed."
     from veloxquant_mlx.builder import KVCacheBuilder, coordinator_of
     from veloxquant_mlx.planner import LADDER
     planners = {"keep-all": dict(max_evict=0.0),                               # no eviction allowance
                 "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0),   # the previous planner
-                "w128": dict(window_budget=128)}                                  # smaller windows, more global tokens
+                "w128": dict(window_budget=128),                                  # smaller windows, more global tokens
+                "all-global-w256": dict(ladder=((3, 3),), max_evict=0.0, window_budget=256)}  # at the share it needs
     def planned(cfg, attrs):
         def build(model):
             caches = KVCacheBuilder.for_model(model, cfg)
-            for k, v in attrs.items(): setattr(coordinator_of(caches), k, v)
+            co = coordinator_of(caches)
+            for k, v in attrs.items(): setattr(co, k, v)
+            if "window_budget" in attrs and "ladder" in attrs: co.fraction = all_global_share(co.windows, context)
             return caches
         return build
     return {k: planned(c, planners[k.split("@")[0]]) if k.split("@")[0] in planners else config_row(c)
@@ -56,11 +72,13 @@ def main():
     ap.add_argument("--context", type=int, default=1536, help="continuation: tokens read before the scored 256")
     ap.add_argument("--tasks", default=",".join(KEY_TASKS), help="key tasks to run")
     ap.add_argument("--kinds", default=",".join(TEXT_KINDS), help="continuation kinds to run")
+    ap.add_argument("--bounds", action="store_true", help="the bound rows (continuation only) instead of the study's")
     ap.add_argument("--rows", default="", help="only rows whose name starts with one of these (comma-separated)")
     a = ap.parse_args()
     shares = [float(s) for s in a.shares.split(",")]
     model, tok = load_default_model()
-    configs = {k: c for k, c in rows_at(shares).items() if not a.rows or k.startswith(tuple(a.rows.split(",")))}
+    if a.bounds: a.tasks = ""                                 # the bound rows are sized for the continuation's prompt
+    configs = {k: c for k, c in (bound_rows if a.bounds else rows_at)(shares).items() if not a.rows or k.startswith(tuple(a.rows.split(",")))}
     kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else \
         dict(n_prompts=a.prompts, n_texts=a.texts, n_tokens=a.tokens, context=a.context)
     kw |= dict(tasks={t: KEY_TASKS[t] for t in a.tasks.split(",") if t}, kinds=tuple(k for k in a.kinds.split(",") if k))
@@ -70,7 +88,7 @@ def main():
                            **{k: v for k, v in kw.items() if k not in ("tasks", "kinds")}, tasks=list(kw["tasks"]),
                            kinds=list(kw["kinds"]))
     save = lambda out: Path(a.out).write_text(json.dumps(dict(out, settings=settings()), indent=1))
-    save(every_task(model, tok, builders(configs), on_result=save, **kw))
+    save(every_task(model, tok, builders(configs, kw["context"]), on_result=save, **kw))
     print("wrote", a.out)
 
 if __name__ == "__main__": main()

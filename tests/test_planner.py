@@ -93,3 +93,18 @@ def test_ending_the_prompt_explicitly_packs_what_is_kept():
     assert co.budgets == [c.count for c in caches]                             # everything kept...
     assert all(c.store.packed_slots() >= 64 for c in caches)                     # ... and packed
     assert kv_bytes_bf16(caches) / full_bytes_bf16(model, 300) <= 0.6
+
+def test_the_bound_row_keeps_every_global_token_within_its_share():
+    "`scripts/bench_tasks.py`'s `all-global-w256` bound: 3 bits, 256 tokens per window, every global token, no more."
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    import bench_tasks
+    model, n = gemma(512), 640                                  # whole groups (as the study's contexts are)
+    caches = bench_tasks.builders(bench_tasks.bound_rows([0.1]), context=n)["all-global-w256"](model)
+    prompt_logits(model, mx.random.randint(0, 256, (1, n), key=mx.random.key(6)), caches, chunk=128)
+    for c in caches: c.end_prompt()
+    co = coordinator_of(caches)
+    assert co.bits == [3] * 6 and co.budgets == [256, 256, n, 256, 256, n]
+    assert [c.count for c in caches] == co.budgets
+    assert kv_bytes_bf16(caches) / full_bytes_bf16(model, n) <= co.fraction

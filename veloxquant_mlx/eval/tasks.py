@@ -206,7 +206,8 @@ def _ppl(c:dict)->float: return math.exp(c["nll"] / c["tokens"])
 
 def task_table(res:dict)->list:
     "One dict per row (the full cache first): bytes, hits per key task, perplexity change (%) per text kind."
-    rows, out = list(next(iter(next(iter(res["keys"].values())).values()))), []
+    runs = next(iter(res["keys"].values())) if res["keys"] else res["continuation"]   # a run may have no key task
+    rows, out = list(next(iter(runs.values()))), []
     for r in rows:
         shares, line = [], dict(row=r, label=res.get("settings", {}).get("rows", {}).get(r, r))
         for task, fams in res["keys"].items():
@@ -226,12 +227,12 @@ def markdown_task_table(res:dict)->str:
     "The task table as Markdown: bytes, hits / the full cache's hits per key task, perplexity change per text kind."
     table = task_table(res)
     tasks, kinds = list(res["keys"]), list(res["continuation"])
-    head = "| row | bytes | " + " | ".join(tasks) + " | " + " | ".join(f"ppl {k}" for k in kinds) + " |"
-    lines = [head, "|" + "---|" * 1 + "---:|" * (1 + len(tasks) + len(kinds))]
+    cols = ["row", "bytes", *tasks, *(f"ppl {k}" for k in kinds)]
+    lines = ["| " + " | ".join(cols) + " |", "|---|" + "---:|" * (len(cols) - 1)]
     for t in table:
         hits = [f"{t[k][0]}/{t[k][1]}" for k in tasks]
         ppl = ["-" if t["row"] == "full" else f"{t[k]:+.1f} %" for k in kinds]
-        lines.append(f"| `{t['row']}` | {t['bytes']:.3f} | " + " | ".join(hits + ppl) + " |")
+        lines.append("| " + " | ".join([f"`{t['row']}`", f"{t['bytes']:.3f}", *hits, *ppl]) + " |")
     return "\n".join(lines)
 
 # %% ../../nbs/15_every_task.ipynb #bed90f9c
