@@ -17,6 +17,7 @@ def rows_at(shares):
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
         rows[f"prev-default@{f}"] = recommended_config(f)
         if f < 0.2: rows[f"w128@{f}"] = recommended_config(f)   # past the ladder: windows of 128, not 256
+        if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f)   # whole windows, fewer global tokens
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
             rows[f"{name}@{f}"] = recommended_config(f, method=method, chunk=16)
     rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0])
@@ -29,11 +30,11 @@ def rows_at(shares):
     rows["kivi4"] = KVCacheConfig("full", kv_bits=4)
     return rows
 
-def bound_rows(shares):
-    "What the family can reach: every token at 3 or 2 bits, every global token at 3 bits with 256-token windows, and the default."
+def bound_rows(shares, windows, context):
+    "The default beside every token at 3 or 2 bits, and every global token at 3 bits with 256-token windows."
     rows = {f"default@{f}": recommended_config(f) for f in shares}
     return rows | {"kivi3": KVCacheConfig("full", kv_bits=3), "kivi2": KVCacheConfig("full", kv_bits=2),
-                   "all-global-w256": recommended_config(0.5)}
+                   "all-global-w256": recommended_config(all_global_share(windows, context))}
 
 def all_global_share(windows, n_tokens, bits=3):
     "The share of bytes holding every global token and 256 per window at `bits` (`n_tokens` in whole groups of 64)."
@@ -42,20 +43,19 @@ def all_global_share(windows, n_tokens, bits=3):
     held = [n_tokens if w is None else min(w, 256) for w in windows]
     return plan_bytes([bits] * len(windows), held) / sum(full_slots(n_tokens, windows)) + 1e-9
 
-def builders(configs, context=None):
+def builders(configs):
     "Rows as functions `model -> caches`; `keep-all@F` and `prev-default@F` are the default with its planner changed."
     from veloxquant_mlx.builder import KVCacheBuilder, coordinator_of
     from veloxquant_mlx.planner import LADDER
     planners = {"keep-all": dict(max_evict=0.0),                               # no eviction allowance
                 "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0),   # the previous planner
                 "w128": dict(window_budget=128),                                  # smaller windows, more global tokens
-                "all-global-w256": dict(ladder=((3, 3),), max_evict=0.0, window_budget=256)}  # at the share it needs
+                "whole-windows": dict(window_budget=512),                          # the planner before the window fill
+                "all-global-w256": dict(ladder=((3, 3),), max_evict=0.0, window_budget=256)}  # (its share: bound_rows)
     def planned(cfg, attrs):
         def build(model):
             caches = KVCacheBuilder.for_model(model, cfg)
-            co = coordinator_of(caches)
-            for k, v in attrs.items(): setattr(co, k, v)
-            if "window_budget" in attrs and "ladder" in attrs: co.fraction = all_global_share(co.windows, context)
+            for k, v in attrs.items(): setattr(coordinator_of(caches), k, v)
             return caches
         return build
     return {k: planned(c, planners[k.split("@")[0]]) if k.split("@")[0] in planners else config_row(c)
@@ -78,9 +78,11 @@ def main():
     shares = [float(s) for s in a.shares.split(",")]
     model, tok = load_default_model()
     if a.bounds: a.tasks = ""                                 # the bound rows are sized for the continuation's prompt
-    configs = {k: c for k, c in (bound_rows if a.bounds else rows_at)(shares).items() if not a.rows or k.startswith(tuple(a.rows.split(",")))}
     kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else \
         dict(n_prompts=a.prompts, n_texts=a.texts, n_tokens=a.tokens, context=a.context)
+    from veloxquant_mlx.eval.batching import slot_windows
+    rows = bound_rows(shares, slot_windows(model), kw["context"]) if a.bounds else rows_at(shares)
+    configs = {k: c for k, c in rows.items() if not a.rows or k.startswith(tuple(a.rows.split(",")))}
     kw |= dict(tasks={t: KEY_TASKS[t] for t in a.tasks.split(",") if t}, kinds=tuple(k for k in a.kinds.split(",") if k))
     t0 = time.perf_counter()
     def settings(): return dict(model="Gemma 3 270M (float32, greedy)", shares=shares, quick=a.quick,
@@ -88,7 +90,7 @@ def main():
                            **{k: v for k, v in kw.items() if k not in ("tasks", "kinds")}, tasks=list(kw["tasks"]),
                            kinds=list(kw["kinds"]))
     save = lambda out: Path(a.out).write_text(json.dumps(dict(out, settings=settings()), indent=1))
-    save(every_task(model, tok, builders(configs, kw["context"]), on_result=save, **kw))
+    save(every_task(model, tok, builders(configs), on_result=save, **kw))
     print("wrote", a.out)
 
 if __name__ == "__main__": main()

@@ -101,7 +101,8 @@ def test_the_bound_row_keeps_every_global_token_within_its_share():
     sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
     import bench_tasks
     model, n = gemma(512), 640                                  # whole groups (as the study's contexts are)
-    caches = bench_tasks.builders(bench_tasks.bound_rows([0.1]), context=n)["all-global-w256"](model)
+    from veloxquant_mlx.eval.batching import slot_windows
+    caches = bench_tasks.builders(bench_tasks.bound_rows([0.1], slot_windows(model), n))["all-global-w256"](model)
     prompt_logits(model, mx.random.randint(0, 256, (1, n), key=mx.random.key(6)), caches, chunk=128)
     for c in caches: c.end_prompt()
     co = coordinator_of(caches)

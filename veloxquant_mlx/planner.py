@@ -64,9 +64,25 @@ def _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, s
     except ValueError: pass
     return fraction_budgets(n_tokens, fraction, windows, n_sink, wb, price, worst)
 
+def _fill_windows(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, floor, slack):
+    "Budgets with the largest windows (whole, then a group less at a time, above `floor`) that keep every global group."
+    full, glob = full_slots(n_tokens, windows), [i for i, w in enumerate(windows) if w is None]
+    wins = [w for w in windows if w is not None]
+    need = max(sum(full[i] - full[i] % group_size for i in glob), GLOBAL_KEEP * sum(full[i] for i in glob))
+    for wb in range(max(wins), floor, -group_size):
+        step = "window" if wb == max(wins) else wb
+        try: b = _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack)
+        except ValueError: continue
+        if sum(b[i] for i in glob) >= need: return b
+
 def _evict_plan(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, steps, slack):
-    "Budgets at `bits` for the first step whose global layers keep `GLOBAL_KEEP` (else the last that fits), or None."
+    "Budgets at `bits`: windows above the first numbered step only if every global group stays, then `steps`."
     full, glob, best = full_slots(n_tokens, windows), [i for i, w in enumerate(windows) if w is None], None
+    floor = next((s for s in steps if isinstance(s, int)), None)
+    if steps[0] == "window" and floor is not None and glob and any(w is not None for w in windows):
+        best = _fill_windows(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, floor, slack)
+        if best is not None: return best
+        steps = steps[steps.index(floor):]                 # the whole window would cost global tokens: go lower
     for step in steps:
         try: best = _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack)
         except ValueError: continue
