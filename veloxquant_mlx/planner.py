@@ -48,6 +48,10 @@ GLOBAL_EVICT = 0.15  # a lossless rung may evict this share of the global layers
 LOSSLESS = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3))  # rungs measured within 0.5 % of the full cache's perplexity
 WINDOW_TRIM = 2  # groups a lossless rung may take from the largest window (and any as large) to keep global tokens
 
+def _whole_groups(full, glob, group_size)->int:
+    "The global layers' tokens in whole groups: what a plan keeps when it trims windows to spare them."
+    return sum(full[i] - full[i] % group_size for i in glob)
+
 def _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack):
     "Budgets at `bits` with the windowed layers at `step` tokens, the residual's reserve as tight as it can be."
     full, cap = full_slots(n_tokens, windows), fraction * sum(full_slots(n_tokens, windows))
@@ -68,7 +72,7 @@ def _fill_windows(n_tokens, fraction, windows, n_sink, bits, group_size, scheme,
     "Budgets with the largest windows (whole, then a group less at a time, above `floor`) that keep every global group."
     full, glob = full_slots(n_tokens, windows), [i for i, w in enumerate(windows) if w is None]
     wins = [w for w in windows if w is not None]
-    need = max(sum(full[i] - full[i] % group_size for i in glob), GLOBAL_KEEP * sum(full[i] for i in glob))
+    need = max(_whole_groups(full, glob, group_size), GLOBAL_KEEP * sum(full[i] for i in glob))
     for wb in range(max(wins), floor, -group_size):
         step = "window" if wb == max(wins) else wb
         try: b = _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack)
@@ -115,7 +119,7 @@ def plan_layers(n_tokens:int, # the prompt's length
     wins = [w for w in windows if w is not None]
     trim = max(wins) - window_trim * group_size if wins and max(wins) > (window_trim + 1) * group_size else None
     allowed = (1 - max_evict) * sum(full[i] for i in glob)                 # the global tokens a rung must keep
-    whole = max(allowed, sum(full[i] - full[i] % group_size for i in glob))  # with trimmed windows: every whole group
+    whole = max(allowed, _whole_groups(full, glob, group_size))          # with trimmed windows: every whole group
     tries = [(r, trim, whole) for r in rungs if window_trim and trim] + [(r, "window", allowed) for r in rungs]
     for r, step, need in tries:     # groups off the windows, then a few global tokens, before a lossy width
         try: b = _budgets_at(n_tokens, fraction, windows, n_sink, widths(r), group_size, scheme, step, slack)
