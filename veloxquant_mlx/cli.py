@@ -46,7 +46,7 @@ class ByteTokenizer:
 # %% ../nbs/07_cli.ipynb #c8333a28
 TINY_ARCHS = ("llama", "qwen3", "gemma3")
 
-def load_cli_model(spec:str|None=None): # None: the default Gemma 3 270M; 'tiny:ARCH'; or an mlx-lm model dir / hub id
+def load_cli_model(spec:str|None=None): # None: the default Gemma 3 270M; 'smollm2' or 'gemma3'; 'tiny:ARCH'; a model dir / hub id
     "(model, tokenizer) for a `--model` value."
     if spec and spec.startswith("tiny:"):
         arch = spec.split(":", 1)[1]
@@ -58,6 +58,8 @@ def load_cli_model(spec:str|None=None): # None: the default Gemma 3 270M; 'tiny:
     try:
         if distributed.world() is not None: return distributed.load_sharded_cli(spec)   # under mlx.launch (14)
         if not spec: return models.load_default_model(progress=sys.stderr.isatty())
+        if spec in models.MODEL_ALIASES or spec in models.EMBEDDED_MODELS:          # an embedded real model (06)
+            return models.load_embedded_model(spec, progress=sys.stderr.isatty())
         return models.load_model(spec)
     except FileNotFoundError as e: raise CLIError(f"--model {spec!r}: no such mlx-lm model directory ({e})") from None
 
@@ -365,7 +367,8 @@ def add_config_options(p):
 def _common(p):
     add_config_options(p)
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (greedy)")
-    p.add_argument("--model", default=None, help="mlx-lm model dir or hub id (default: the embedded Gemma 3 270M); "
+    p.add_argument("--model", default=None, help="'smollm2' (the embedded SmolLM2-135M-Instruct, a Llama), 'gemma3' (the default, Gemma 3 270M), "
+                   "an mlx-lm model dir or hub id; "
                    "'tiny:llama', 'tiny:qwen3', 'tiny:gemma3': random test/demo models with a byte tokenizer")
     p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,

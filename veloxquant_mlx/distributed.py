@@ -103,9 +103,9 @@ def _load_gemma3_pipeline(path, g, float32:bool):
 
 def load_sharded_cli(spec:str|None): # the CLI's --model value
     "`load_sharded` for `veloxquant` under `mlx.launch`: an mlx-lm model directory, or None: the default model."
-    if not spec:                                                      # the embedded Gemma 3 270M, split by layers
-        from veloxquant_mlx.models import ensure_default_model
-        return load_sharded(ensure_default_model(progress=False))
+    from veloxquant_mlx.models import ensure_model, MODEL_ALIASES, EMBEDDED_MODELS
+    if not spec or spec in MODEL_ALIASES or spec in EMBEDDED_MODELS:  # an embedded model (Gemma 3 by default)
+        return load_sharded(ensure_model(spec or "gemma3", progress=False))
     if not (Path(spec).expanduser() / "config.json").is_file():
         raise FileNotFoundError(f"under mlx.launch --model must be an mlx-lm model directory (split over the ranks), "
                                 f"got {spec!r}")
