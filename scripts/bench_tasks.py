@@ -1,10 +1,10 @@
-"""Every task kind through every row at a share of the full cache's bytes (Gemma 3 270M): `python scripts/bench_tasks.py [--quick]`."""
+"""Every task kind through every row at a share of the full cache's bytes: `python scripts/bench_tasks.py [--quick] [--model smollm2]`."""
 import veloxquant_mlx  # first: it loads OpenBLAS (Linux) before MLX
 import argparse, json, time
 from pathlib import Path
 from veloxquant_mlx.builder import KVCacheConfig, recommended_config
 from veloxquant_mlx.eval.tasks import every_task, config_row, KEY_TASKS, TEXT_KINDS
-from veloxquant_mlx.models import load_default_model
+from veloxquant_mlx.models import load_embedded_model, embedded_name
 
 OLD_DEFAULT = dict(chunk=16, slack=8, window_budget=32, window_method="streamingllm")
 QUESTION_AGNOSTIC = {"qa-keynorm": "keynorm", "qa-meanattn": "mean-attention"}  # row name -> global method
@@ -16,6 +16,7 @@ def rows_at(shares):
         rows[f"default@{f}"] = recommended_config(f)
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
         rows[f"prev-default@{f}"] = recommended_config(f)
+        rows[f"bytes-plan@{f}"] = recommended_config(f, slack=0)      # the default before time was priced
         if f < 0.2: rows[f"w128@{f}"] = recommended_config(f)   # past the ladder: windows of 128, not 256
         if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f)   # whole windows, fewer global tokens
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
@@ -51,7 +52,8 @@ def builders(configs):
                 "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0),   # the previous planner
                 "w128": dict(window_budget=128),                                  # smaller windows, more global tokens
                 "whole-windows": dict(window_budget=512),                          # the planner before the window fill
-                "all-global-w256": dict(ladder=((3, 3),), max_evict=0.0, window_budget=256)}  # (its share: bound_rows)
+                "all-global-w256": dict(ladder=((3, 3),), max_evict=0.0, window_budget=256),  # (its share: bound_rows)
+                "bytes-plan": dict(costs=None)}                                   # widths priced in bytes alone
     def planned(cfg, attrs):
         def build(model):
             caches = KVCacheBuilder.for_model(model, cfg)
@@ -64,6 +66,7 @@ def builders(configs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="one prompt per family, one text per kind, 1,024 tokens")
+    ap.add_argument("--model", default="gemma3", help="an embedded model: gemma3 (Gemma 3 270M) or smollm2")
     ap.add_argument("--shares", default="0.25,0.125")
     ap.add_argument("--out", default="nbs/results/every_task.json")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per key family")
@@ -76,7 +79,7 @@ def main():
     ap.add_argument("--rows", default="", help="only rows whose name starts with one of these (comma-separated)")
     a = ap.parse_args()
     shares = [float(s) for s in a.shares.split(",")]
-    model, tok = load_default_model()
+    model, tok = load_embedded_model(a.model, progress=False)
     if a.bounds: a.tasks = ""                                 # the bound rows are sized for the continuation's prompt
     kw = dict(n_prompts=1, n_texts=1, n_tokens=1024, context=768) if a.quick else \
         dict(n_prompts=a.prompts, n_texts=a.texts, n_tokens=a.tokens, context=a.context)
@@ -85,7 +88,8 @@ def main():
     configs = {k: c for k, c in rows.items() if not a.rows or k.startswith(tuple(a.rows.split(",")))}
     kw |= dict(tasks={t: KEY_TASKS[t] for t in a.tasks.split(",") if t}, kinds=tuple(k for k in a.kinds.split(",") if k))
     t0 = time.perf_counter()
-    def settings(): return dict(model="Gemma 3 270M (float32, greedy)", shares=shares, quick=a.quick,
+    names = {"gemma-3-270m": "Gemma 3 270M", "smollm2-135m": "SmolLM2-135M-Instruct"}
+    def settings(): return dict(model=f"{names[embedded_name(a.model)]} (float32, greedy)", shares=shares, quick=a.quick,
                            rows={k: c.label for k, c in configs.items()}, seconds=round(time.perf_counter() - t0),
                            **{k: v for k, v in kw.items() if k not in ("tasks", "kinds")}, tasks=list(kw["tasks"]),
                            kinds=list(kw["kinds"]))

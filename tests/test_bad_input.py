@@ -96,8 +96,8 @@ def test_negative_sinks_and_bad_window():
     with pytest.raises(ValueError, match="`window` must be an integer >= 1, got 0"): H2OCache(8, 2, window=0)
 
 def test_window_smaller_than_budget():
-    with pytest.raises(ValueError, match=r"`budget` must be an integer \[5, 10\], got 20"): H2OCache(20, 4, window=10)
-    with pytest.raises(ValueError, match=r"`budget` must be an integer \[5, 10\], got 20"): PyramidKVCache(20, 4, window=10)
+    with pytest.raises(ValueError, match=r"`budget` must be an integer in \[5, 10\], got 20"): H2OCache(20, 4, window=10)
+    with pytest.raises(ValueError, match=r"`budget` must be an integer in \[5, 10\], got 20"): PyramidKVCache(20, 4, window=10)
 
 def test_factory_caps_budget_at_the_window():
     c = KVCacheFactory.create(KVCacheConfig.for_method("h2o", 64), window=16)

@@ -36,7 +36,8 @@ def test_matmul_correct_after_preload():
     assert r["same"]
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or find_openblas() is None,
-                    reason="no system OpenBLAS installed (apt-get install libopenblas0-pthread)")
+                    reason="needs a system OpenBLAS on Linux (apt-get install libopenblas0-pthread): the preload of "
+                           "the system library is not tested")
 def test_status_says_loaded():
     r, _ = run_child()
     assert r["loaded"] and r["path"], r
@@ -44,7 +45,8 @@ def test_status_says_loaded():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or wheel_openblas() is None or mlx_gfortran() is None
                     or wheel_runs_here(wheel_openblas()) is not None,
-                    reason="needs Linux with the cmeel-openblas and mlx[cpu] wheels, on a CPU the wheel's build runs on")
+                    reason="needs Linux with the cmeel-openblas and mlx[cpu] wheels, on a CPU the wheel's build runs "
+                           "on: the preload of the wheel's OpenBLAS (no system library) is not tested")
 def test_wheel_openblas_serves_mlx_with_system_skipped(tmp_path):
     "The fresh-machine path: no system library, the wheel's OpenBLAS with MLX's renamed libgfortran."
     r, err = run_child(env_extra={SOURCES_ENV: "wheel", "XDG_CACHE_HOME": str(tmp_path)})

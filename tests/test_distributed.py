@@ -25,14 +25,17 @@ from veloxquant_mlx.eval.sharding import tiny_model_dir, verify_sharding
 LAUNCH = shutil.which("mlx.launch") or str(Path(sys.executable).parent / "mlx.launch")
 
 def _unavailable():
-    if not mx.distributed.is_available(): return "this MLX build has no distributed backend (mx.distributed)"
-    if not Path(LAUNCH).exists(): return "no mlx.launch beside this Python"
+    untested = "two ranks are not run (sharding, the CLI and serve under mlx.launch untested)"
+    if not mx.distributed.is_available():
+        return f"needs an MLX build with a distributed backend (mx.distributed): {untested}"
+    if not Path(LAUNCH).exists(): return f"needs mlx.launch beside this Python (it comes with mlx): {untested}"
     return None
 
 pytestmark = pytest.mark.skipif(_unavailable() is not None, reason=str(_unavailable()))
 
 def free_ports(n:int=4)->int:
-    "A port p with p .. p+n-1 free on 127.0.0.1 (the ring backend listens on one port per rank)."
+    """A port p with p .. p+n-1 free on 127.0.0.1 now (the ring backend listens on one port per rank). Another process
+    may take one before the ranks bind them: `BIND_FAILED` then matches the launch's stderr, and the launch is retried."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -50,6 +53,9 @@ def free_ports(n:int=4)->int:
             for t in socks: t.close()
     raise RuntimeError("no block of free ports")
 
+LAUNCH_TRIES = 4     # launches whose ring ports were taken before the ranks bound them are retried on fresh ports
+BIND_FAILED = re.compile(r"Couldn't bind socket|Address already in use")   # the ring backend's message (errno 98)
+
 def launch_cmd(*args)->list:
     "`mlx.launch` of `python ARGS` on two ranks of 127.0.0.1 (ring backend, its own ports)."
     return [LAUNCH, "--backend", "ring", "-n", "2", "--hosts", "127.0.0.1", "--starting-port", str(free_ports()),
@@ -60,13 +66,16 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve()
 
 def run_two_ranks(*args, timeout:int=900)->subprocess.CompletedProcess:
     "Run `python ARGS` on two ranks; the launch and its ranks are killed (process group) if it overruns `timeout`."
-    proc = subprocess.Popen(launch_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                            start_new_session=True)
-    try: out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"two ranks did not finish in {timeout} s:\n{err[-3000:]}")
+    for attempt in range(LAUNCH_TRIES):
+        proc = subprocess.Popen(launch_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                                start_new_session=True)
+        try: out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"two ranks did not finish in {timeout} s:\n{err[-3000:]}")
+        if not BIND_FAILED.search(err): break
+    else: pytest.fail(f"the ranks could not bind their ring ports on {LAUNCH_TRIES} tries:\n{err[-3000:]}")
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -156,23 +165,31 @@ def test_serve_on_two_ranks_over_http(model_dir, gemma_dir, arch, method):
     from veloxquant_mlx.cli import method_config
     from test_serve import complete
     path = model_dir if arch == "llama" else gemma_dir
-    cmd = launch_cmd("-c", CLI, "serve", "--model", str(path), "--method", method, "--budget", "24", "--port", "0",
-                     "--", "--log-level", "WARNING")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-                            start_new_session=True)
-    try:
-        lines, url, t0 = [], None, time.time()
-        while url is None:
-            line = proc.stderr.readline()
-            if (not line and proc.poll() is not None) or time.time() - t0 > 300:
-                raise AssertionError("two-rank server did not start:\n" + "".join(lines[-30:]))
-            lines.append(line)
-            m = re.search(r" on (http://\S+)", line)
-            if m: url = m.group(1)
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-        served = complete(url, PROMPT, 10)
-    finally: os.killpg(proc.pid, signal.SIGKILL)                        # mlx-lm's distributed server has no stop
-    proc.wait(timeout=60)
+    for attempt in range(LAUNCH_TRIES):          # the HTTP port is the server's own (--port 0); the ring ports may be taken
+        cmd = launch_cmd("-c", CLI, "serve", "--model", str(path), "--method", method, "--budget", "24", "--port", "0",
+                         "--", "--log-level", "WARNING")
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                                start_new_session=True)
+        try:
+            lines, url, t0 = [], None, time.time()
+            while url is None:
+                line = proc.stderr.readline()
+                ended = not line and proc.poll() is not None
+                if ended and BIND_FAILED.search("".join(lines)) and attempt + 1 < LAUNCH_TRIES:
+                    break                                                   # the ring ports were taken: a fresh launch
+                if ended or time.time() - t0 > 300:
+                    raise AssertionError("two-rank server did not start:\n" + "".join(lines[-30:]))
+                lines.append(line)
+                m = re.search(r" on (http://\S+)", line)
+                if m: url = m.group(1)
+            if url is None: continue
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            served = complete(url, PROMPT, 10)
+            break
+        finally:
+            try: os.killpg(proc.pid, signal.SIGKILL)                        # mlx-lm's distributed server has no stop
+            except ProcessLookupError: pass                                 # the launch had ended (ports taken)
+            proc.wait(timeout=60)
     model, tok = load(str(path))
     alone = greedy_alone(model, tok.encode(PROMPT), KVCacheBuilder.for_model(model, method_config(method, 24)), 10)
     assert served == alone

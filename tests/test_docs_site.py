@@ -1,4 +1,6 @@
 """The docs site, built offline from the notebooks (`mkdocs build`) and read in a real browser (headless Chromium).
+The checks of the built files and of the README need no browser and run without Chromium; the others are skipped
+there, saying so.
 
 The site is built once into a temporary folder and served on 127.0.0.1. The tests fail on:
 - a console error or uncaught exception, a same-origin request that fails, an image that does not load, any request
@@ -31,8 +33,9 @@ WIDE = {'width': 1400, 'height': 900}
 WIDE_PAGES = ['index.html', 'allocators.html', 'h2o.html', 'cache.html', 'builder.html', 'api.html', 'quality.html', 'speed.html',
               'explore_schedules.html', 'reliability.html']
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason=f'no Chromium at {CHROMIUM}: `apt-get install chromium` (.ci/run installs it)')
+# the browser is needed per test (through the `browser` fixture), not for the module: the checks of the built files run
+# without it
+NO_BROWSER = 'the docs pages are not looked at in a browser'
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *a): pass
@@ -58,7 +61,12 @@ def site(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def browser():
-    pw = pytest.importorskip('playwright.sync_api', reason='playwright is a dev requirement: pip install -e ".[dev]"')
+    "Headless Chromium (from the OS) driven by playwright; the test is skipped, saying so, where either is missing."
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f'needs Chromium from the OS at {CHROMIUM} (apt-get install chromium, or CHROMIUM=/path; .ci/run '
+                    f'installs it): {NO_BROWSER}')
+    pw = pytest.importorskip('playwright.sync_api',
+                             reason=f'needs playwright (a dev requirement: pip install -e ".[dev]"): {NO_BROWSER}')
     with pw.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
@@ -103,11 +111,59 @@ def test_site_has_every_notebook_version_and_getting_started(site):
     home = (site_dir/'index.html').read_text()
     import veloxquant_mlx
     assert re.search(rf'veloxquant_mlx\s+{re.escape(veloxquant_mlx.__version__)}', home), 'the package version is not shown'
-    nav = re.findall(r'<a href="([\w.]+\.html)" class="md-nav__link[^"]*"[^>]*>\s*<span class="md-ellipsis">\s*([^<]+?)\s*</span>', home)
-    nav = list(dict.fromkeys(nav))
+    nav = [link for _, links in menu(home) for link in links]
     labels = [t for _, t in nav]
     assert 'Getting started' in labels[:3], f'no "Getting started" near the top of the menu: {labels}'
     for w in want: assert any(h == w for h, _ in nav), f'{w} not in the menu'
+
+# The menu's sections, in the order a reader walks them: what to start with, how the methods work, the library around
+# them, what they measured, the harness that measured it, the explorer. (scripts/docs/hooks.py, NAV, makes them.)
+SECTIONS = ['Start', 'How the methods work', 'The library', 'Results', 'Harness reference', 'The explorer']
+SECTION_PAGES = {   # pages each section must hold, in this order (a section may hold more, after the harness rule)
+    'Start': ['index.html', 'getting_started.html', 'cli.html', 'serve.html', 'distributed.html'],
+    'How the methods work': ['proxy.html', 'allocators.html', 'h2o.html', 'policies.html', 'cache.html', 'storage.html',
+                             'batch.html', 'coordinator.html', 'methods.html', 'planner.html'],
+    'The library': ['builder.html', 'blas.html', 'models.html', 'reliability.html', 'api.html'],
+    'Results': ['every_task.html', 'quality.html', 'speed.html', 'batch_speed.html'],
+    'The explorer': ['explore_schedules.html'],
+}
+
+def menu(html: str) -> list:
+    "The site's menu (Material's primary navigation) as [(section, [(href, label), ...]), ...], top-level in order."
+    from bs4 import BeautifulSoup
+    nav = BeautifulSoup(html, 'html.parser').select_one('nav.md-nav--primary')
+    assert nav is not None, 'no primary navigation on the page'
+    out = []
+    for li in nav.find('ul', class_='md-nav__list').find_all('li', recursive=False):
+        head = li.find(['label', 'a'], class_='md-nav__link', recursive=False)
+        sub = li.find('nav', class_='md-nav', recursive=False)
+        items = sub.find('ul', class_='md-nav__list').find_all('li', recursive=False) if sub else [li]
+        links = [(a['href'], a.get_text(' ', strip=True)) for it in items
+                 for a in it.find_all('a', class_='md-nav__link', href=True, recursive=False) if '#' not in a['href']]
+        out.append((head.get_text(' ', strip=True) if sub else None, links))
+    return out
+
+def test_menu_sections_in_reading_order(site):
+    "The menu is in sections, in reading order; every notebook is in it once, the harness's pages in their own section."
+    site_dir, _, _ = site
+    want = notebook_pages()
+    home = menu((site_dir/'index.html').read_text())
+    assert [t for t, _ in home] == SECTIONS, f'menu sections {[t for t, _ in home]}, expected {SECTIONS}'
+    hrefs = {t: [h for h, _ in links] for t, links in home}
+    for title, pages in SECTION_PAGES.items():
+        have = [h for h in hrefs[title] if h in pages]
+        assert have == pages, f'section {title!r}: {hrefs[title]}, expected {pages} in this order'
+    assert hrefs['Start'][0] == 'index.html' and home[0][1][0][1] == 'Home', 'the menu does not start at Home'
+    harness = [w for w in want if w.startswith('eval_')]
+    assert sorted(hrefs['Harness reference']) == sorted(harness), \
+        f'the harness reference holds {hrefs["Harness reference"]}, expected every eval_ page: {harness}'
+    assert all(not h.startswith('eval_') for t, hs in hrefs.items() if t != 'Harness reference' for h in hs), hrefs
+    every = [h for hs in hrefs.values() for h in hs]
+    twice = sorted({h for h in every if every.count(h) > 1})
+    assert sorted(every) == sorted(want), (f'the menu and the notebooks differ: not in the menu {sorted(set(want) - set(every))}, '
+                                           f'not a notebook {sorted(set(every) - set(want))}, twice {twice}')
+    for rel in ('eval_plots.html', 'explore_schedules.html', 'allocators.html'):   # every page shows the same menu
+        assert menu((site_dir/rel).read_text()) == home, f'{rel} shows another menu than the home page'
 
 def test_no_internet_assets_in_files(site):
     site_dir, _, _ = site
@@ -361,7 +417,7 @@ def test_explorer_slider_redraws_the_plot(site, page):
     _set(page, 'n_layers', '12'); _set(page, 'avg_budget', '512'); _set(page, 'beta', '2')
     assert _explorer_state(page)['bars'] == [1019, 927, 835, 742, 650, 558, 466, 374, 282, 189, 97, 5]
     _set(page, 'avg_budget', '3')   # below the floor: the library's own message, as in the notebook
-    assert page.locator('.vq-widget .vq-error').inner_text() == 'ValueError: avg_budget=3 is out of range: expected an integer >= 5'
+    assert page.locator('.vq-widget .vq-error').inner_text() == 'ValueError: `avg_budget` must be an integer >= 5, got 3'
 
 def _notebook_ns(upto: str):
     "Run nbs/10_explore_schedules.ipynb's code cells up to (and with) the one containing `upto`; its namespace."

@@ -11,12 +11,12 @@ from veloxquant_mlx.builder import KVCacheBuilder, tiny_model
 from veloxquant_mlx.cli import method_config
 from veloxquant_mlx.serve import tiny_tokenizer
 
-def start_server(*args, timeout=300):
-    "Start `veloxquant serve ARGS --port 0` in a child process; (process, url) once it listens."
+def start_server(*args, timeout=300, **popen):
+    "Start `veloxquant serve ARGS --port 0` in a child process (`popen`: more Popen options); (process, url) once it listens."
     cmd = [sys.executable, "-c", "import sys; from veloxquant_mlx.cli import main; sys.exit(main())", "serve",
            "--port", "0", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "VELOXQUANT_DEBUG": "1"})
+                            env={**os.environ, "VELOXQUANT_DEBUG": "1"}, **popen)
     lines, url, t0 = [], None, time.time()
     while url is None:
         line = proc.stderr.readline()
@@ -59,6 +59,19 @@ def test_serve_tiny_model_over_http():
     assert code == 0, f"after SIGINT the server ended with {code} (None: still running after 10 minutes)"
     model, tok, cfg = tiny_model("gemma3"), tiny_tokenizer(), method_config("squeeze", 12)
     assert served == [greedy_alone(model, tok.encode(p), KVCacheBuilder.for_model(model, cfg), 10) for p in PROMPTS]
+
+def _ignore_sigint():
+    "In the child before exec: SIGINT ignored, as a job started with `cmd &`, nohup or some CI runners inherit it."
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_serve_stops_on_a_signal_with_sigint_inherited_ignored(sig):
+    "Python sets no SIGINT handler when SIGINT arrives ignored: the server sets its own, for SIGINT and SIGTERM."
+    proc, url = start_server("--model", "tiny:gemma3", "--method", "h2o", "--budget", "12", "--",
+                             "--log-level", "WARNING", preexec_fn=_ignore_sigint)
+    code = stop_server(proc, sig, patience=120)    # generous: the exit is asserted, never how fast it came
+    assert code == 0, (f"after {sig.name} the server (started with SIGINT ignored) ended with {code} "
+                       "(None: still running after 120 s, then killed)")
 
 def test_serve_rejects_a_baseline_it_cannot_batch():
     from veloxquant_mlx.cli import main

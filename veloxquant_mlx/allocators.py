@@ -19,9 +19,9 @@ def _check_int(name:str, # parameter name, for the message
     "`value` as an `int` if it is an integer (not a bool) in [`lo`, `hi`], else a `ValueError` naming `name`."
     allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{name}={value!r} is not valid: expected {allowed}")
+        raise ValueError(f"`{name}` must be {allowed}, got {value!r}")
     if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{name}={value!r} is out of range: expected {allowed}")
+        raise ValueError(f"`{name}` must be {allowed}, got {value!r}")
     return int(value)
 
 # %% ../nbs/01_allocators.ipynb #0345bff8
@@ -34,9 +34,9 @@ def _check_real(name:str, # parameter name, for the message
     allowed = ("a finite number" + (f" >= {lo}" if lo > -math.inf else "") if hi == math.inf
                else f"a finite number in [{lo}, {hi}]")
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name}={value!r} is not valid: expected {allowed}")
+        raise ValueError(f"`{name}` must be {allowed}, got {value!r}")
     if not math.isfinite(value) or not lo <= value <= hi:
-        raise ValueError(f"{name}={value!r} is out of range: expected {allowed}")
+        raise ValueError(f"`{name}` must be {allowed}, got {value!r}")
     return float(value)
 
 # %% ../nbs/01_allocators.ipynb #15081d33
@@ -46,7 +46,7 @@ def _as_list(name:str, # parameter name, for the message
     "A plain list from a sequence or an array, or a `ValueError` naming `name`."
     if hasattr(values, 'tolist'): values = values.tolist()
     if isinstance(values, (str, bytes)) or not hasattr(values, '__iter__'):
-        raise ValueError(f"{name}={values!r} is not valid: expected a sequence of numbers")
+        raise ValueError(f"`{name}` must be a sequence of numbers, got {values!r}")
     return list(values)
 
 def _check_caps(caps, # `None`, or one cap (int or `None`) per layer
@@ -98,8 +98,7 @@ def allocate_exact(weights, # non-negative per-layer weights (targets); only the
     if len(ties) != n_layers: raise ValueError(f"ties has {len(ties)} entries: expected one per layer ({n_layers})")
     if n_layers == 0: return []
     if total < n_layers * floor:
-        raise ValueError(f"total={total} is out of range: expected an integer >= floor * len(weights) = "
-                         f"{n_layers * floor}")
+        raise ValueError(f"`total` must be an integer >= floor * len(weights) = {n_layers * floor}, got {total}")
     if None not in caps and sum(caps) <= total: return caps   # cannot spend it all: everyone at the cap
     if sum(weights) == 0: weights = [Fraction(1)] * n_layers
     s = _scale_to_total(weights, total, floor, caps)

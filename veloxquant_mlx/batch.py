@@ -10,7 +10,7 @@ from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
 from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
 from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed, hand_over,
-                                  take_back, advance, steady, held_arrays, copy_layer)
+                                  take_back, advance, chooses_next, steady, held_arrays, copy_layer)
 
 # %% auto #0
 __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
@@ -225,7 +225,7 @@ def _rows_attention(self:BatchEvictingCache, queries, scale, sinks, v_dim:int, d
 def _fast_ok(self:BatchEvictingCache, N:int)->bool:
     "True when this pass can be one vectorised decoding step (every row steady, float-held, and decoding alike)."
     if not self.fast or N != 1 or self._skip is not None or self._todo is not None or not self.rows: return False
-    if self._packed is not None: return True
+    if self._packed is not None: return not any(chooses_next(r) for r in self.rows)   # a full row with slack chooses
     r0 = self.rows[0]
     return all(not r.empty() and isinstance(r.store, HeldArrays) and steady(r) and type(r.policy) is type(r0.policy)
                and r.spec.window == r0.spec.window and r.spec.n_sink == r0.spec.n_sink

@@ -20,8 +20,8 @@ from .coordinator import Coordinator
 
 # %% auto #0
 __all__ = ['COMPRESS', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'fit', 'EvictingCache', 'advance', 'install_attention_hook',
-           'remove_attention_hook', 'hook_installed', 'dense_attention_reference', 'hand_over', 'take_back', 'steady',
-           'held_arrays', 'cache_arrays', 'copy_layer', 'policy_for_score']
+           'remove_attention_hook', 'hook_installed', 'dense_attention_reference', 'hand_over', 'take_back',
+           'chooses_next', 'steady', 'held_arrays', 'cache_arrays', 'copy_layer', 'policy_for_score']
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
@@ -225,7 +225,7 @@ def update_and_fetch(self:EvictingCache, keys, values):
     self.offset += N
     if N == 1 and not self.store.empty():
         room = self.budget is None or self.count < self.budget
-        if room or not (self._prompt_end or self.policy.evict_after):
+        if room or not (self._prompt_end or self.policy.evict_after or self.spec.slack):   # full + slack: choose
             return self._update_decode(keys, values, start, room)
     return self._update_concat(keys, values, start)
 
@@ -315,20 +315,20 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
 
 # %% ../nbs/03_cache.ipynb #d11c0dd8
 @patch
-def _target(self:EvictingCache, decode:bool=False)->int:
-    "Tokens a choice keeps: the budget after a decoding step, `budget - slack` after a chunk or a prompt's end."
-    return self.budget if decode else self.budget - self.spec.slack
+def _target(self:EvictingCache)->int:
+    "Tokens a choice keeps: `budget - slack`, after a chunk, a prompt's end, or a decoding step that found it full."
+    return self.budget - self.spec.slack
 
 @patch
-def _select_due(self:EvictingCache, decode:bool=False)->bool:
+def _select_due(self:EvictingCache)->bool:
     "True when what is held must be cut now."
-    return self.budget is not None and not self._deferring and self.count > self._target(decode)
+    return self.budget is not None and not self._deferring and self.count > self._target()
 
 # %% ../nbs/03_cache.ipynb #90607af1
 @patch
-def _select(self:EvictingCache, next_pos:int, decode:bool=False):
+def _select(self:EvictingCache, next_pos:int):
     "Keep the tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
-    n = self._target(decode)
+    n = self._target()
     view = View(self._scores[:, :, :self.count], self.positions[:, :, :self.count], next_pos)
     idx, s = self.policy.keep(view, n, self.spec.n_sink, self.spec.window, self.spec.recent)
     order = self.store.keep(idx, self.count)             # the storage's slot order (the kept indices for floats)
@@ -478,7 +478,7 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
 def _moment(self:EvictingCache, N:int)->tuple:
     "Where a pass of `N` queries stands: (a decoding step, a choice due after it, the observation window chooses now)."
     decode = N == 1 and not self._prompt_end
-    due = self._pending and self._select_due(decode)
+    due = self._pending and self._select_due()
     return decode, due, due or self._prompt_end or (N > 1 and not self._deferring)
 
 # %% ../nbs/03_cache.ipynb #b625a0ff
@@ -488,7 +488,7 @@ def _after_attention(self:EvictingCache, due:bool, decode:bool):
     self._prompt_end = False
     if not self._pending: return
     self._pending = False
-    if due: self._select(self.offset, decode)
+    if due: self._select(self.offset)
     self._settle()
 
 # %% ../nbs/03_cache.ipynb #ab7a7274
@@ -624,9 +624,14 @@ def take_back(cache:EvictingCache, held:tuple, # (keys, values, positions, score
     cache.positions, cache._scores = held[2:]
     cache._obs_q = obs
 
+def chooses_next(cache:EvictingCache)->bool:
+    "True when the next decoding step makes a choice: the layer is full and has a slack (`slack + 1` tokens go)."
+    return bool(cache.spec.slack) and cache.budget is not None and cache.count >= cache.budget
+
 def steady(cache:EvictingCache)->bool:
     "True when a batch may step this row with the others: a budget, the prompt chosen, nothing pending, tokens held."
-    return cache.budget is not None and not cache._deferring and not cache._pending and cache.count > 0
+    return cache.budget is not None and not cache._deferring and not cache._pending and cache.count > 0 \
+        and not chooses_next(cache)
 
 # %% ../nbs/03_cache.ipynb #b5ff2504
 def held_arrays(cache:EvictingCache)->list:

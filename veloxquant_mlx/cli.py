@@ -46,7 +46,7 @@ class ByteTokenizer:
 # %% ../nbs/07_cli.ipynb #c8333a28
 TINY_ARCHS = ("llama", "qwen3", "gemma3")
 
-def load_cli_model(spec:str|None=None): # None: the default Gemma 3 270M; 'smollm2' or 'gemma3'; 'tiny:ARCH'; a model dir / hub id
+def load_cli_model(spec:str|None=None): # None: Gemma 3 270M; 'smollm2', 'gemma3', 'tiny:ARCH', a model dir or hub id
     "(model, tokenizer) for a `--model` value."
     if spec and spec.startswith("tiny:"):
         arch = spec.split(":", 1)[1]
@@ -258,7 +258,8 @@ def plan_line(co, cfg)->str|None:
     why = "" if f - s < 0.01 else (": every token is kept at these widths, the rest of the share is not needed"
                                    if kept_all else ": whole groups and the layers' floors round it down")
     bits = f", widths {sorted(set(co.bits), reverse=True)} bits" if getattr(co, "bits", None) else ""
-    return f"planned: at most {s:.3f} of the full cache's bf16 bytes (asked {f}){bits}{why}"
+    time = f"\n  (speed: {co.time_note})" if getattr(co, "time_note", None) else ""
+    return f"planned: at most {s:.3f} of the full cache's bf16 bytes (asked {f}){bits}{why}{time}"
 
 # %% ../nbs/07_cli.ipynb #fcc00379
 def _mib(n): return f"{n / 2**20:.2f} MiB"
@@ -367,8 +368,9 @@ def add_config_options(p):
 def _common(p):
     add_config_options(p)
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (greedy)")
-    p.add_argument("--model", default=None, help="'smollm2' (the embedded SmolLM2-135M-Instruct, a Llama), 'gemma3' (the default, Gemma 3 270M), "
-                   "an mlx-lm model dir or hub id; "
+    p.add_argument("--model", default=None,
+                   help="'smollm2' (the embedded SmolLM2-135M-Instruct, a Llama), 'gemma3' (the default, "
+                   "Gemma 3 270M), an mlx-lm model dir or hub id; "
                    "'tiny:llama', 'tiny:qwen3', 'tiny:gemma3': random test/demo models with a byte tokenizer")
     p.add_argument("--prefill-step", type=int, default=512, help="prefill chunk size in tokens")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,

@@ -11,10 +11,11 @@ from typing import ClassVar
 from .allocators import _check_real, _check_int
 from .coordinator import (Schedule, PromptEndCoordinator, fraction_budgets, full_slots, slot_bytes,
                                         residual_slots)
+from .costs import plan_price, slowest, device_costs
 
 # %% auto #0
 __all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'GLOBAL_EVICT', 'LOSSLESS', 'WINDOW_TRIM', 'plan_bytes', 'prices',
-           'plan_layers', 'PlanCoordinator', 'KVPlan', 'squeeze_weights', 'pyramid_weights',
+           'plan_layers', 'plan_in_time', 'PlanCoordinator', 'KVPlan', 'squeeze_weights', 'pyramid_weights',
            'WeightedFractionCoordinator', 'WeightedFraction']
 
 # %% ../nbs/04b_planner.ipynb #582621e6
@@ -133,6 +134,50 @@ def plan_layers(n_tokens:int, # the prompt's length
         if b is not None: return bits, b
     fraction_budgets(n_tokens, fraction, windows, n_sink)               # raises the error that says why
 
+# %% ../nbs/04b_planner.ipynb #adebee1a
+def _fitting_share(n_tokens, fraction, windows, costs, limit, ladder, kw)->tuple|None:
+    "The plan at the largest share up to `fraction` whose price is within `limit` (bisection), or None."
+    def plan(f):
+        try: return plan_layers(n_tokens, f, windows, ladder=ladder, **kw)
+        except ValueError: return None                         # a share too small for the layers' floors
+    p = plan(fraction)
+    if p is not None and plan_price(*p, costs) <= limit: return p
+    lo, hi, best = 0.0, fraction, None
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        p = plan(mid)
+        if p is not None and plan_price(*p, costs) <= limit: lo, best = mid, p
+        else: hi = mid
+    return best
+
+def plan_in_time(n_tokens:int, # the prompt's length
+                 fraction:float, # share of the full cache's bf16 bytes, in (0, 1]
+                 windows:list, # per-layer sliding window, None for a global layer
+                 costs:dict|None, # width -> (fixed, per token) attention price (`device_costs`); None: bytes alone
+                 ladder:tuple=LADDER, # (windowed, global) bits, most precise first
+                 **kw, # the rest of `plan_layers`'s settings
+                )->tuple: # (bits, budgets, note): the note says why the plan differs from the byte plan, else None
+    "The byte plan if its attention is no slower than the full cache's; else the fitting plan keeping most tokens."
+    plan = plan_layers(n_tokens, fraction, windows, ladder=ladder, **kw)
+    if costs is None: return (*plan, None)
+    full = full_slots(n_tokens, windows)
+    limit = plan_price(["full"] * len(full), full, costs)
+    if plan_price(*plan, costs) <= limit: return (*plan, None)
+    found, rungs, dropped = [], tuple(ladder), []
+    while True:
+        p = _fitting_share(n_tokens, fraction, windows, costs, limit, rungs, kw)
+        if p is not None: found.append(p)
+        if not rungs: break
+        slow = slowest([b for r in rungs for b in r], costs)
+        dropped.append(slow)
+        rungs = tuple(r for r in rungs if slow not in r)
+    if not found: return (*plan, "no plan attends as fast as the full cache: the byte plan stands")
+    best = max(found, key=lambda p: (sum(p[1]), -plan_price(*p, costs)))
+    ratio = lambda p: plan_price(*p, costs) / limit
+    return (*best, f"the byte plan's widths {sorted(set(plan[0]), reverse=True)} would attend {ratio(plan):.2f}x as "
+                   f"long as the full cache on this device; planned {sorted(set(best[0]), reverse=True)} instead "
+                   f"({ratio(best):.2f}x, {sum(best[1])} of {sum(full)} tokens)")
+
 # %% ../nbs/04b_planner.ipynb #b0f92ee4
 class PlanCoordinator(PromptEndCoordinator):
     "Sets every layer's bits and budget when the prompt ends, by `plan_layers`."
@@ -146,26 +191,34 @@ class PlanCoordinator(PromptEndCoordinator):
                  slack:int=0, # tokens a choice leaves free (the layers' `slack`)
                  max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict
                  window_trim:int=WINDOW_TRIM, # groups a rung may take from the windows to keep the global tokens
+                 costs:str|dict|None="device", # attention prices (`plan_in_time`): "device" measured, None bytes alone
                 ):
         super().__init__(n_layers, fraction, windows, n_sink, window_budget)
         self.group_size, self.ladder, self.slack, self.max_evict, self.bits = group_size, ladder, slack, max_evict, None
-        self.window_trim = window_trim
+        self.window_trim, self.costs, self.time_note = window_trim, costs, None
 
     def prompt_ended(self, n_tokens:int):
         "The prompt is `n_tokens` long: every layer's width, then its budget (once per prompt)."
         if self._budgets is not None: return
-        self.bits, self._budgets = plan_layers(n_tokens, self.fraction, self.windows, self.n_sink, self.group_size,
-                                               "kivi", self.ladder, self.window_budget, self.slack, self.max_evict,
-                                               self.window_trim)
+        kw = dict(n_sink=self.n_sink, group_size=self.group_size, scheme="kivi", window_budget=self.window_budget,
+                  slack=self.slack, max_evict=self.max_evict, window_trim=self.window_trim)
+        self.bits, self._budgets, self.time_note = plan_in_time(n_tokens, self.fraction, self.windows,
+                                                                self._prices(), self.ladder, **kw)
         self.slot_bytes, self.reserve = prices(self.bits, self._budgets, self.group_size, "kivi", self.slack)
         self.n_tokens = n_tokens
         for i, cache in self.layers.items():
             if hasattr(cache.store, "rebits"): cache.store.rebits(self.bits[i])        # float stores stay
             cache.adopt_budget(self._budgets[i])
 
+    def _prices(self)->dict|None:
+        "The attention prices: given, or measured for this device at the layers' head_dim (None: bytes alone)."
+        if self.costs != "device": return self.costs
+        dims = next((c.store.dims for c in self.layers.values() if getattr(c.store, "dims", None)), None)
+        return None if dims is None else device_costs(dims[2])
+
     def reset(self):
         "Forget the prompt (and the widths it chose)."
-        self.bits = None
+        self.bits, self.time_note = None, None
         super().reset()
 
 # %% ../nbs/04b_planner.ipynb #22355d98
@@ -179,6 +232,7 @@ class KVPlan(Schedule):
     slack:int = 0 # the layers' slack (it bounds the residual)
     max_evict:float = GLOBAL_EVICT # share of the global layers' tokens a rung may evict
     window_trim:int = WINDOW_TRIM # groups a rung may take from the windows to keep the global tokens
+    costs:str|dict|None = "device" # attention prices: "device" (`device_costs`), a table, or None (bytes alone)
     name:ClassVar[str] = "kv_plan"
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
@@ -186,7 +240,7 @@ class KVPlan(Schedule):
         _check_int("window_trim", self.window_trim, 0)
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return PlanCoordinator(n_layers, self.fraction, caps, n_sink, self.kv_group_size, self.ladder,
-                               self.window_budget, self.slack, self.max_evict, self.window_trim)
+                               self.window_budget, self.slack, self.max_evict, self.window_trim, self.costs)
 
 # %% ../nbs/04b_planner.ipynb #0fdfc248
 from .allocators import allocate_exact

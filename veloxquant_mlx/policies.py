@@ -21,12 +21,7 @@ from .h2o import View   # what a policy sees (notebook 02: the decoding step bui
 # %% ../nbs/02a_policies.ipynb #673b36ba
 POLICIES = {}  # policy name -> class: every subclass of `Policy` with a `name` of its own, in definition order
 
-def _check_int(name, value, low, high=None):
-    "Raise a ValueError naming `name` unless `value` is an int in [low, high]."
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"`{name}` must be an integer {rng}, got {value!r}")
-    return value
+from .allocators import _check_int   # the one validation family (`01_allocators`)
 
 # %% ../nbs/02a_policies.ipynb #2933e6d8
 @dataclass

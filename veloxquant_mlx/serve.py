@@ -635,8 +635,14 @@ def serve_worker(model, tokenizer, # the split model and its tokenizer
 
 # %% ../nbs/07a_serve.ipynb #a7a00050
 def _interrupt(signum, frame):
-    "SIGTERM ends the server as Ctrl-C does."
+    "SIGINT and SIGTERM end the server as Ctrl-C does."
     raise KeyboardInterrupt
+
+def _stop_on_signals()->dict:
+    "Make SIGINT and SIGTERM raise `KeyboardInterrupt` in the main thread; returns the handlers they replace."
+    # Python installs its own SIGINT handler only when SIGINT does not arrive ignored, and a process started in the
+    # background (`cmd &`), under nohup or by some CI runners inherits it ignored: the server sets both itself
+    return {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
 
 def serve_from_args(args, err=None)->int:
     "Run `veloxquant serve` until interrupted (Ctrl-C or SIGTERM); prints where it listens on `err` (default stderr)."
@@ -655,9 +661,11 @@ def serve_from_args(args, err=None)->int:
     srv = EvictingServer(model, tok, cfg, ["--host", args.host, "--port", str(args.port), *rest],
                          args.model or DEFAULT_MODEL_NAME, args.max_prompt_tokens, args.max_tokens_limit, choices)
     budget = "" if cfg.budget is None else f", budget {cfg.budget}"
-    print(f"veloxquant serve: {cfg.label}{budget} on {srv.url}", file=err, flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)
-    srv.serve_forever()
+    _stop_on_signals()                       # before the line that says where it listens: a caller may signal on it
+    try:
+        print(f"veloxquant serve: {cfg.label}{budget} on {srv.url}", file=err, flush=True)
+        srv.serve_forever()                 # serves until SIGINT or SIGTERM, then stops the server
+    except KeyboardInterrupt: srv.stop()    # signalled before serving began (or again while stopping)
     # the server has stopped and freed what it holds; the process ends here, without the interpreter's teardown, in
     # which MLX's native threads sometimes aborted it ("terminate called without an active exception", status -6)
     print("veloxquant serve: stopped", file=err, flush=True)

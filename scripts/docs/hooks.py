@@ -1,8 +1,8 @@
 """MkDocs hooks (see mkdocs.yml): the notebooks become pages, mkdocs-jupyter renders them, Material builds the site.
 
 Only what the libraries do not do is here:
-- `on_config`: nbdev's processing of every notebook (`nbpages.py`) into a temporary folder, the menu in notebook
-  order, the package version in the site name;
+- `on_config`: nbdev's processing of every notebook (`nbpages.py`) into a temporary folder, the menu in the sections
+  of `NAV` (the order a reader walks them), the package version in the site name;
 - `on_files`: the processed notebooks and the images under nbs/ join the site's files (mkdocs-jupyter picks the
   notebooks up);
 - math: mistune (through nbconvert) finds `$...$` and `$$...$$` as it parses a cell's Markdown; they are rendered
@@ -30,7 +30,36 @@ import nbpages
 
 log = lambda *a: print('[docs]', *a, file=sys.stderr, flush=True)
 MEDIA = {'.png', '.jpg', '.jpeg', '.gif', '.svg', '.webp'}
-FIRST_PAGES = ['index', 'getting_started']
+# The menu: sections in the order a reader walks them, each a list of page names (nbdev's: 01_allocators.ipynb ->
+# allocators; a page's label is its notebook's title). A notebook listed nowhere still gets a place: `eval_*` in the
+# harness reference, anything else at the end of the library section (`nav_sections`), and the build says so.
+HARNESS = 'Harness reference'
+NAV = [
+    ('Start', ['index', 'getting_started', 'cli', 'serve', 'distributed']),
+    ('How the methods work', ['proxy', 'allocators', 'h2o', 'policies', 'cache', 'storage', 'batch', 'coordinator',
+                              'methods', 'planner']),
+    ('The library', ['builder', 'blas', 'models', 'reliability', 'api']),
+    ('Results', ['every_task', 'quality', 'speed', 'batch_speed']),
+    (HARNESS, ['eval_prompts', 'eval_measure', 'eval_batching', 'eval_grid', 'eval_fraction', 'eval_prefill',
+               'eval_results', 'eval_tables', 'eval_grid_tables', 'eval_plots', 'eval_quality_cli',
+               'eval_bench', 'eval_bench_prefill', 'eval_bench_run', 'eval_batch_bench', 'eval_sharding']),
+    ('The explorer', ['explore_schedules']),
+]
+LABELS = {'index': 'Home'}   # the home page's title is the package name
+
+def nav_sections(names):
+    """The menu as (section, [page names]) in `NAV`'s order, for the pages there are (`names`, in notebook order).
+    Pages `NAV` does not list are added (`eval_*` to the harness, any other to the library section) and returned as
+    the second value; names `NAV` lists that are not pages are dropped."""
+    have = set(names)
+    sections = [(title, [n for n in pages if n in have]) for title, pages in NAV]
+    listed = {n for _, pages in NAV for n in pages}
+    extra = [n for n in names if n not in listed]
+    for n in extra:
+        dest = HARNESS if n.startswith('eval_') else 'The library'
+        next(pages for title, pages in sections if title == dest).append(n)
+    return [(t, ps) for t, ps in sections if ps], extra
+
 _state = {}
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,13 +98,11 @@ def on_config(config):
     t0 = time.time()
     out = Path(tempfile.mkdtemp(prefix='vq-docs-'))
     pages = nbpages.build_pages(ROOT, out, log=lambda *a: None)
-    order = {n: i for i, n in enumerate(FIRST_PAGES)}
-    pages.sort(key=lambda p: (order.get(p.name, len(order)), 0))
-    nav = []
-    for p in pages:
-        label = {'index': 'Home', 'getting_started': 'Getting started'}.get(p.name, p.title)
-        nav.append({label: f'{p.name}.ipynb'})
-    config['nav'] = nav
+    by_name = {p.name: p for p in pages}
+    sections, extra = nav_sections([p.name for p in pages])
+    if extra: log(f'pages not in the menu sections of hooks.NAV, added by rule: {extra}')
+    config['nav'] = [{title: [{LABELS.get(n, by_name[n].title): f'{n}.ipynb'} for n in names]}
+                     for title, names in sections]
     _state.update(out=out, pages={p.name: p for p in pages}, nbs=Path(cfg.nbs_path), css=None)
     log(f'{len(pages)} notebooks processed in {time.time() - t0:.1f}s')
     return config

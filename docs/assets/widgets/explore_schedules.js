@@ -65,15 +65,15 @@
   }
   function checkInt(name, value, lo, hi = null) {
     const allowed = hi === null ? `an integer >= ${lo}` : `an integer in [${lo}, ${hi}]`;
-    if (typeof value !== 'number' || !Number.isInteger(value)) throw new ValueError(`${name}=${pyRepr(value, true)} is not valid: expected ${allowed}`);
-    if (value < lo || (hi !== null && value > hi)) throw new ValueError(`${name}=${value} is out of range: expected ${allowed}`);
+    if (typeof value !== 'number' || !Number.isInteger(value)) throw new ValueError(`\`${name}\` must be ${allowed}, got ${pyRepr(value, true)}`);
+    if (value < lo || (hi !== null && value > hi)) throw new ValueError(`\`${name}\` must be ${allowed}, got ${value}`);
     return value;
   }
   function checkReal(name, value, lo = -Infinity, hi = Infinity) {
     const allowed = hi === Infinity ? 'a finite number' + (lo > -Infinity ? ` >= ${pyRepr(lo, true)}` : '')
       : `a finite number in [${pyRepr(lo, true)}, ${pyRepr(hi, true)}]`;
-    if (typeof value !== 'number') throw new ValueError(`${name}=${value} is not valid: expected ${allowed}`);
-    if (!Number.isFinite(value) || !(lo <= value && value <= hi)) throw new ValueError(`${name}=${pyRepr(value, true)} is out of range: expected ${allowed}`);
+    if (typeof value !== 'number') throw new ValueError(`\`${name}\` must be ${allowed}, got ${value}`);
+    if (!Number.isFinite(value) || !(lo <= value && value <= hi)) throw new ValueError(`\`${name}\` must be ${allowed}, got ${pyRepr(value, true)}`);
     return value;
   }
   function checkCaps(caps, nLayers, floor) {
@@ -111,7 +111,7 @@
     ties = ties === null ? weights : ties.map((t, i) => (t instanceof Frac ? t : Frac.of(checkReal(`ties[${i}]`, t))));
     if (ties.length !== n) throw new ValueError(`ties has ${ties.length} entries: expected one per layer (${n})`);
     if (n === 0) return [];
-    if (total < n * floor) throw new ValueError(`total=${total} is out of range: expected an integer >= floor * len(weights) = ${n * floor}`);
+    if (total < n * floor) throw new ValueError(`\`total\` must be an integer >= floor * len(weights) = ${n * floor}, got ${total}`);
     if (!caps.includes(null) && caps.reduce((a, b) => a + b, 0) <= total) return caps.slice();
     if (fsum(weights).isZero()) weights = new Array(n).fill(new Frac(1n));
     const s = scaleToTotal(weights, total, floor, caps);

@@ -1,0 +1,23 @@
+#!/usr/bin/env python
+"""The per-token attention price of every storage width on this device (see nbs/03c_costs.ipynb).
+
+`python scripts/bench_costs.py [--quick] [--out nbs/results/step_costs.json]`
+
+Writes `measure_costs()`'s result; the table `veloxquant_mlx.costs.STEP_COSTS` carries its rounded prices."""
+import argparse, json, time
+from veloxquant_mlx.blas import preload_openblas
+preload_openblas()  # before anything imports mlx.core
+from veloxquant_mlx.costs import measure_costs
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="shorter lengths and fewer runs (a smoke run)")
+    ap.add_argument("--out", default="nbs/results/step_costs.json")
+    a = ap.parse_args()
+    t0 = time.time()
+    res = measure_costs(lengths=(256, 512, 1024), reps=3) if a.quick else measure_costs()
+    res["seconds"], res["quick"] = round(time.time() - t0), a.quick
+    json.dump(res, open(a.out, "w"), indent=1)
+    print(json.dumps(res["by_head_dim"]))
+
+if __name__ == "__main__": main()
