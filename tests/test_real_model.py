@@ -106,7 +106,9 @@ def test_perplexity_is_sane(gemma):
     assert len(ids) == 1024
     ppl = perplexity(model, ids)
     print(f"perplexity over {len(ids)} tokens of pydoc prose: {ppl:.2f}")
-    assert 2 < ppl < 100
+    # measured 25.08 (float32 on CPU, OpenBLAS); a conversion that breaks the norms, the tokenizer or the rotary order
+    # lands in the hundreds or more, while BLAS builds and threads move it by far less than 1 %
+    assert abs(ppl - 25.08) < 0.02 * 25.08, ppl
     # chunked prefill through the same cache gives the same answer
     assert abs(perplexity(model, ids[:300], chunk=100) - perplexity(model, ids[:300])) < 1e-2 * perplexity(model, ids[:300])
 

@@ -395,7 +395,7 @@ def build_parser()->argparse.ArgumentParser:
     k.add_argument("--key", default="52817", help="the pass key")
     k.add_argument("--depth", type=float, default=0.5, help="where the key sits, 0..1")
     k.add_argument("--model", default=None, help="whose tokenizer counts the tokens (as for generate)")
-    for add, _ in COMMANDS.values(): add(sub)         # plugged in by their modules (`serve`, notebook 07a)
+    for add, _ in COMMANDS.values(): add(sub)         # plugged in by their modules (`serve`)
     return ap
 
 def read_prompt(args, stdin=None)->str:

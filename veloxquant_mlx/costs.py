@@ -7,10 +7,13 @@ from __future__ import annotations
 import json, math, statistics, time
 import mlx.core as mx
 from .h2o import attention_with_mass
-from .storage import KV_BITS, KiviStorage
+from .storage import KV_BITS, KiviStorage, FloatStorage
+from .policies import ChunkKV
+from .cache import EvictingCache, cache_arrays
 
 # %% auto #0
-__all__ = ['SHAPES', 'STEP_COSTS', 'attention_ms', 'fit_line', 'measure_costs', 'device_costs', 'plan_price', 'slowest']
+__all__ = ['SHAPES', 'STEP_COSTS', 'attention_ms', 'layer_step_ms', 'fit_line', 'measure_costs', 'device_costs', 'plan_price',
+           'slowest']
 
 # %% ../nbs/03c_costs.ipynb #7d573a54
 def attention_ms(bits:int|None, # None: mlx-lm's full cache; 16: a float layer of ours; else a KIVI width
@@ -45,6 +48,36 @@ def attention_ms(bits:int|None, # None: mlx-lm's full cache; 16: a float layer o
         times.append(time.perf_counter() - t)
     return 1e3 * statistics.median(times)
 
+# %% ../nbs/03c_costs.ipynb #80cba30a
+def layer_step_ms(bits:int|None, # None: mlx-lm's KVCache; 16: a float layer of ours; else a KIVI width
+                  tokens:int, # the prompt's length (tokens held)
+                  n_kv_heads:int=3, rep:int=3, head_dim:int=64, # the model's shape
+                  reps:int=15, # timed steps (the median is returned)
+                 )->float:
+    "Median milliseconds of one layer's decoding step (store the token, attend) after a prompt of `tokens`."
+    from mlx_lm.models.cache import KVCache
+    if bits is not None and bits != 16 and bits not in KV_BITS:
+        raise ValueError(f"`bits` must be None, 16 or one of {KV_BITS}, got {bits!r}")
+    key, scale = mx.random.key(1), 1.0 / math.sqrt(head_dim)
+    kv = lambda n, i: mx.random.normal((1, n_kv_heads, n, head_dim), key=mx.random.split(key, 8)[i])
+    q = lambda n, i: mx.random.normal((1, n_kv_heads * rep, n, head_dim), key=mx.random.split(key, 8)[i])
+    store = None if bits is None else FloatStorage() if bits == 16 else KiviStorage(bits)
+    if bits is None: cache = KVCache()
+    else: cache = EvictingCache(tokens + 4 * reps + 64, 4, policy=ChunkKV(chunk=16), compress="prompt_end", storage=store)
+    def step(k, v, qq):
+        keys, values = cache.update_and_fetch(k, v)
+        if bits is None: return mx.fast.scaled_dot_product_attention(qq, keys, values, scale=scale, mask=None)
+        return cache.attention(qq, keys, values, scale=scale)
+    mx.eval(step(kv(tokens, 0), kv(tokens, 1), q(tokens, 2)))   # the prompt, in one chunk
+    one = [(kv(1, 3), kv(1, 4), q(1, 5)) for _ in range(reps + 3)]
+    mx.eval(one)
+    times = []
+    for i, (k, v, qq) in enumerate(one):
+        t = time.perf_counter()
+        mx.eval(step(k, v, qq), cache_arrays(cache))
+        if i >= 3: times.append(time.perf_counter() - t)              # the first steps end the prompt and warm up
+    return 1e3 * statistics.median(times)
+
 # %% ../nbs/03c_costs.ipynb #282d4c29
 SHAPES = ((3, 3, 64), (1, 4, 256))  # (KV heads, query heads per KV head, head_dim): SmolLM2's and Gemma 3's
 
@@ -59,7 +92,7 @@ def measure_costs(shapes:tuple=SHAPES, # model shapes to measure, one price tabl
                   widths:tuple=(16, 8, 6, 5, 4, 3, 2), # widths to price besides the full cache
                   reps:int=15, # timed runs per point
                  )->dict:
-    "Per layer, what each width costs beyond the full cache's: (fixed, per token), in the full cache's token time."
+    "Per layer, each width's attention as (fixed, per token), in units of the full cache's time per token held."
     if len(lengths) < 2 or list(lengths) != sorted(set(lengths)):
         raise ValueError(f"`lengths` must be two or more increasing token counts, got {lengths!r}")
     rows, tables, raw = (None, *widths), {}, {}

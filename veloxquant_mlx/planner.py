@@ -61,7 +61,7 @@ def _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, s
     price, worst = prices(bits, [min(f, group_size - 1) for f in full], group_size, scheme, 0)  # at worst
     packs = [r > 0 for r in worst]
     try:                # budgets of whole groups (plus the slack) leave a residual of `slack` tokens at most
-        small = [slack * (1 - p) if q else 0.0 for p, q in zip(price, packs)]
+        small = [min(slack, f) * (1 - p) if q else 0.0 for p, q, f in zip(price, packs, full)]   # a layer holds <= f
         b = fraction_budgets(n_tokens, fraction, windows, n_sink, wb, price, small)
         g, s = group_size, slack
         t = [g * ((x - s) // g) + s if q and g + s <= x else x for x, q in zip(b, packs)]

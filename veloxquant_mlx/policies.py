@@ -16,7 +16,7 @@ __all__ = ['POLICIES', 'NORM_DECIMALS', 'Policy', 'KeyProxy', 'CumulativeAttenti
            'ChunkKV', 'KeyNorm', 'MeanAttention', 'make_policy']
 
 # %% ../nbs/02a_policies.ipynb #7a991fac
-from .h2o import View   # what a policy sees (notebook 02: the decoding step builds it too)
+from .h2o import View   # what a policy sees (the decoding step in `h2o` builds it too)
 
 # %% ../nbs/02a_policies.ipynb #673b36ba
 POLICIES = {}  # policy name -> class: every subclass of `Policy` with a `name` of its own, in definition order

@@ -11,8 +11,8 @@ from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordin
 from ..cache import cache_arrays
 
 # %% auto #0
-__all__ = ['KINDS', 'CONTEXTS', 'QUICK', 'kind_caches', 'run_context', 'run_all', 'speed_rows', 'markdown_speed_table',
-           'plot_default_speed', 'main']
+__all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'kind_caches', 'run_context', 'run_all', 'speed_rows',
+           'markdown_speed_table', 'plot_default_speed', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "bytes-plan@0.25", "bytes-plan@0.125", "float@0.125", "kivi4",
@@ -58,10 +58,13 @@ def run_context(model, ids:list, # the prompt's token ids
                     bits=bits(k), note=plan(k)) for k in kinds}
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #de193b3e
-CONTEXTS = {"smollm2": (2048, 4096, 8100), "gemma3": (2048, 4096, 8192, 16384)}   # SmolLM2: within its 8,192
+CONTEXTS = {"smollm2": (2048, 8100), "gemma3": (2048, 8192)}   # SmolLM2: within its 8,192 tokens
+LONG_KINDS = ("full", "default@0.25", "default@0.125", "bytes-plan@0.25", "float@0.125")  # past 4,096 tokens
 QUICK = dict(contexts={"smollm2": (1024, 2048)}, steps=6, kinds=("full", "default@0.25", "default@0.125", "float@0.125"))
 
-def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print)->dict:
+def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
+            long_kinds:tuple|None=LONG_KINDS, # the kinds past 4,096 tokens (None: `kinds`)
+           )->dict:
     "Every model at every context: `run_context` results keyed by model and context."
     from veloxquant_mlx.models import load_embedded_model, prose_text
     out = {}
@@ -70,7 +73,8 @@ def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print)-
         ids = tok.encode(prose_text(6 * max(lengths)))
         if len(ids) < max(lengths): raise ValueError(f"the prose is {len(ids)} tokens, fewer than {max(lengths)}")
         log(f"{name}:")
-        out[name] = {str(n): run_context(model, ids[:n], kinds, steps, log=log) for n in lengths}
+        pick = lambda n: kinds if n <= 4096 or long_kinds is None else tuple(k for k in kinds if k in long_kinds)
+        out[name] = {str(n): run_context(model, ids[:n], pick(n), steps, log=log) for n in lengths}
         del model
     return out
 
@@ -124,10 +128,12 @@ def main(argv=None):
     ap.add_argument("--image", default=None, help="write the figure here (PNG)")
     ap.add_argument("--models", default=None, help="comma-separated embedded models (default: both)")
     a = ap.parse_args(argv)
-    cfg = dict(QUICK) if a.quick else dict(contexts=dict(CONTEXTS), steps=16, kinds=KINDS)
+    cfg = dict(QUICK, long_kinds=None) if a.quick else dict(contexts=dict(CONTEXTS), steps=16, kinds=KINDS,
+                                                        long_kinds=LONG_KINDS)
     if a.models: cfg["contexts"] = {m: CONTEXTS[m] for m in a.models.split(",")}
     t0 = time.time()
-    res = run_all(cfg["contexts"], cfg["kinds"], cfg["steps"], log=lambda s: print(s, file=sys.stderr))
+    res = run_all(cfg["contexts"], cfg["kinds"], cfg["steps"], log=lambda s: print(s, file=sys.stderr),
+                  long_kinds=cfg["long_kinds"])
     out = dict(results=res, settings=dict(quick=a.quick, steps=cfg["steps"], kinds=list(cfg["kinds"]),
                                          contexts={k: list(v) for k, v in cfg["contexts"].items()},
                                          device=str(mx.default_device()), seconds=round(time.time() - t0)))
