@@ -63,7 +63,8 @@ def layer_step_ms(bits:int|None, # None: mlx-lm's KVCache; 16: a float layer of 
     q = lambda n, i: mx.random.normal((1, n_kv_heads * rep, n, head_dim), key=mx.random.split(key, 8)[i])
     store = None if bits is None else FloatStorage() if bits == 16 else KiviStorage(bits)
     if bits is None: cache = KVCache()
-    else: cache = EvictingCache(tokens + 4 * reps + 64, 4, policy=ChunkKV(chunk=16), compress="prompt_end", storage=store)
+    else: cache = EvictingCache(tokens + 4 * reps + 64, 4, policy=ChunkKV(chunk=16), compress="prompt_end",
+                                storage=store)
     def step(k, v, qq):
         keys, values = cache.update_and_fetch(k, v)
         if bits is None: return mx.fast.scaled_dot_product_attention(qq, keys, values, scale=scale, mask=None)

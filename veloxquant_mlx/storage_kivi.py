@@ -223,6 +223,33 @@ def _keep_order(idx, # [B, H, n]: the kept slots, ascending, n >= P
     src = mx.take_along_axis(idx, mx.clip(a + mx.cumsum(hole.astype(mx.int32), axis=-1) - 1, 0, n - 1), axis=2)
     return hole, src, mx.concatenate([mx.where(hole, src, mx.arange(P, dtype=idx.dtype)), idx[:, :, P:]], axis=2)
 
+# %% ../nbs/03a2_kivi_storage.ipynb #36adb6e9
+@patch
+def _fill_holes(self:KiviStorage, hole, src):
+    "`_fill` for the `r` holes at most a choice leaves: `hole` `[B, H, P]`, each hole's residual slot `src` (from P)."
+    G, (B, H, P), r = self.group_size, hole.shape, self.kr.shape[2]
+    R = min(r, P)
+    rank = mx.where(hole, 0, P) + mx.arange(P, dtype=mx.int32)                  # holes first, in slot order
+    at = mx.argsort(rank, axis=-1)[:, :, :R].astype(mx.int32)                    # [B, H, R]: hole slots (and fill-ins)
+    real = mx.take_along_axis(hole, at, axis=2)                                  # which of them are holes
+    fill = lambda a, s: mx.take_along_axis(a, mx.clip(s - P, 0, r - 1).astype(mx.int32)[..., None], axis=2)
+    row = lambda a: mx.take_along_axis(a, at[..., None], axis=2)                 # [B, H, R, *] value rows
+    new = quantize_groups(fill(self.vr, mx.take_along_axis(src, at, axis=2)), self.bits, G)
+    self.vp = tuple(mx.put_along_axis(a, at[..., None], mx.where(real[..., None], n, row(a)), axis=2)
+                    for a, n in zip(self.vp, new))
+    kq, ks, kb = self.kp
+    D, nG = ks.shape[2], ks.shape[3]
+    g = at // G                                                                  # [B, H, R]: each hole's group
+    by_group = (kq.reshape(B, H, D, nG, -1), ks[..., None], kb[..., None])        # groups along axis 3
+    pick = lambda a: mx.take_along_axis(a, mx.broadcast_to(g[:, :, None, :, None], (B, H, D, R, a.shape[4])), axis=3)
+    words, scales, biases = (pick(a) for a in by_group)
+    member = lambda a: mx.take_along_axis(a.reshape(B, H, nG, G), g[..., None], axis=2).reshape(B, H, R * G)
+    fk = fill(self.kr, member(src))                                              # [B, H, R * G, D]: their fillers
+    out = self._refill_keys(words.reshape(B, H, D, -1), scales[..., 0], biases[..., 0], member(hole), fk)
+    back = lambda a, n: mx.put_along_axis(a, mx.broadcast_to(g[:, :, None, :, None], (B, H, D, R, a.shape[4])),
+                                          n.reshape(B, H, D, R, -1), axis=3)
+    self.kp = tuple(back(a, n).reshape(o.shape) for a, n, o in zip(by_group, out, self.kp))
+
 # %% ../nbs/03a2_kivi_storage.ipynb #8fcae342
 @patch
 def keep(self:KiviStorage, idx, count:int):
@@ -235,8 +262,7 @@ def keep(self:KiviStorage, idx, count:int):
         return idx
     if r == 0: return idx                                                       # n == P == count: nothing moves
     hole, src, order = _keep_order(idx, P, count)
-    fi = mx.clip(src - P, 0, r - 1)[..., None]
-    self._fill(hole, mx.take_along_axis(self.kr, fi, axis=2), mx.take_along_axis(self.vr, fi, axis=2))
+    self._fill_holes(hole, src)
     rest = (idx[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(self.kr, rest, axis=2), mx.take_along_axis(self.vr, rest, axis=2)
     return order

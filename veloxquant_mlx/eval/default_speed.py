@@ -11,8 +11,8 @@ from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordin
 from ..cache import cache_arrays
 
 # %% auto #0
-__all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'kind_caches', 'run_context', 'run_all', 'speed_rows',
-           'markdown_speed_table', 'plot_default_speed', 'main']
+__all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context', 'run_all', 'speed_rows',
+           'markdown_speed_table', 'speed_headline', 'plot_default_speed', 'op_profile', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "bytes-plan@0.25", "bytes-plan@0.125", "float@0.125", "kivi4",
@@ -100,6 +100,26 @@ def markdown_speed_table(res:dict, model:str)->str:
                                              if (k, n) in cell else "-" for n in ns) + " |"
     return "\n".join([head] + [line(k) for k in kinds])
 
+# %% ../../nbs/12d_eval_default_speed.ipynb #2ad8492f
+NAMES = {"smollm2": "SmolLM2-135M", "gemma3": "Gemma 3 270M"}
+
+def speed_headline(res:dict, # a run's `results`
+                   kinds:tuple=("default@0.25", "default@0.125"), # the rows to describe
+                   before:str="bytes-plan@0.25", # the row it replaced
+                  )->str:
+    "Per model and context: each kind's decode speed and prefill time against the full cache's."
+    rows, out = speed_rows(res), []
+    for m in res:
+        parts = []
+        for n in sorted({r["context"] for r in rows if r["model"] == m}):
+            cell = {r["kind"]: r for r in rows if r["model"] == m and r["context"] == n}
+            got = [f"{cell[k]['speed']:.2f}x at {k.split('@')[1]}" for k in kinds if k in cell]
+            was = f" (before: {cell[before]['speed']:.2f}x)" if before in cell else ""
+            pre = f", prefill {cell[kinds[0]]['prefill']:.2f}x the full cache's time" if kinds[0] in cell else ""
+            parts.append(f"{n:,} tokens: " + ", ".join(got) + was + pre)
+        out.append(f"{NAMES.get(m, m)}: " + "; ".join(parts))
+    return ". ".join(out) + "."
+
 # %% ../../nbs/12d_eval_default_speed.ipynb #6306978c
 def plot_default_speed(res:dict):
     "Speed against the full cache by context, one panel per model, one line per kind."
@@ -119,6 +139,38 @@ def plot_default_speed(res:dict):
     fig.tight_layout()
     return fig
 
+# %% ../../nbs/12d_eval_default_speed.ipynb #2f388481
+def op_profile(lengths:tuple=(2048, 8192), shapes:tuple=((3, 3, 64), (1, 4, 256)), reps:int=10)->list:
+    "Median ms per layer of attention at each width and of the two ways to make room, per length and shape."
+    from veloxquant_mlx.costs import attention_ms
+    from veloxquant_mlx.storage import KiviStorage
+    out = []
+    for H, rep, D in shapes:
+        for n in lengths:
+            row = dict(shape=[H, rep, D], tokens=n, **{f"attention_{k}": attention_ms(b, n, H, rep, D, reps)
+                                                         for k, b in (("full", None), ("4bit", 4), ("3bit", 3))})
+            key = mx.random.key(n)
+            k, v = (mx.random.normal((1, H, n, D), key=mx.random.split(key)[i]) for i in (0, 1))
+            one = lambda st: st._fill_one(mx.full((1, H), n // 2, mx.int32), mx.ones((1, H), mx.bool_), k[:, :, :1],
+                                          v[:, :, :1])
+            batch = lambda st: st.keep(mx.broadcast_to(mx.arange(64, n + 64, dtype=mx.uint32), (1, H, n)), n + 64)
+            for name, make in (("refill_one_per_step", one), ("choose_64_per_step", batch)):
+                times = []
+                for _ in range(reps):
+                    st = KiviStorage(4)
+                    st.append(k, v)
+                    st.settle()
+                    if name.startswith("choose"): st.append(k[:, :, :64], v[:, :, :64])   # 64 newcomers wait
+                    mx.eval(st._all())
+                    t = time.perf_counter()
+                    make(st)
+                    mx.eval(st._all())
+                    times.append(time.perf_counter() - t)
+                ms = 1e3 * statistics.median(times)
+                row[name] = ms / 64 if name.startswith("choose") else ms
+            out.append(row)
+    return out
+
 # %% ../../nbs/12d_eval_default_speed.ipynb #9be7a9d5
 def main(argv=None):
     "`python scripts/bench_default_speed.py [--quick] [--out nbs/results/default_speed.json] [--image PATH]`."
@@ -127,11 +179,16 @@ def main(argv=None):
     ap.add_argument("--out", default="nbs/results/default_speed.json")
     ap.add_argument("--image", default=None, help="write the figure here (PNG)")
     ap.add_argument("--models", default=None, help="comma-separated embedded models (default: both)")
+    ap.add_argument("--profile", action="store_true", help="only the per-operation profile (`op_profile`)")
     a = ap.parse_args(argv)
     cfg = dict(QUICK, long_kinds=None) if a.quick else dict(contexts=dict(CONTEXTS), steps=16, kinds=KINDS,
                                                         long_kinds=LONG_KINDS)
     if a.models: cfg["contexts"] = {m: CONTEXTS[m] for m in a.models.split(",")}
     t0 = time.time()
+    if a.profile:
+        json.dump(dict(profile=op_profile(), device=str(mx.default_device()), seconds=round(time.time() - t0)),
+                  open(a.out, "w"), indent=1)
+        return
     res = run_all(cfg["contexts"], cfg["kinds"], cfg["steps"], log=lambda s: print(s, file=sys.stderr),
                   long_kinds=cfg["long_kinds"])
     out = dict(results=res, settings=dict(quick=a.quick, steps=cfg["steps"], kinds=list(cfg["kinds"]),
