@@ -329,7 +329,8 @@ def test_measured_cpu_table_never_prices_a_plan_above_the_full_cache(f):
     costs, n = device_costs(64, mx.Device(mx.cpu)), 8192
     assert costs is STEP_COSTS["cpu"][64]
     bits, budgets, note = plan_in_time(n, f, GLOBAL30, costs, slack=63)
-    assert plan_price(bits, budgets, costs) <= plan_price(["full"] * 30, [n] * 30, costs), (bits, budgets, note)
+    per_token = {w: (0.0, p) for w, (_, p) in costs.items()}                 # the part the rule holds (04b)
+    assert plan_price(bits, budgets, per_token) <= plan_price(["full"] * 30, [n] * 30, per_token), (bits, budgets, note)
     assert plan_bytes(bits, budgets, 64, "kivi", 63) <= f * 30 * n + 1e-9
     assert note is None or "instead" in note, note                            # a changed plan says why
 

@@ -123,7 +123,7 @@ SECTION_PAGES = {   # pages each section must hold, in this order (a section may
     'Start': ['index.html', 'getting_started.html', 'cli.html', 'serve.html', 'distributed.html'],
     'How the methods work': ['proxy.html', 'allocators.html', 'h2o.html', 'policies.html', 'cache.html', 'storage.html',
                              'group_storage.html', 'kivi_storage.html', 'choosing_storage.html',
-                             'batch.html', 'coordinator.html', 'methods.html', 'planner.html'],
+                             'batch.html', 'costs.html', 'coordinator.html', 'methods.html', 'planner.html'],
     'The library': ['builder.html', 'blas.html', 'models.html', 'reliability.html', 'api.html'],
     'Results': ['every_task.html', 'quality.html', 'speed.html', 'batch_speed.html'],
     'The explorer': ['explore_schedules.html'],

@@ -160,6 +160,7 @@ def plan_in_time(n_tokens:int, # the prompt's length
     "The byte plan if its attention is no slower than the full cache's; else the fitting plan keeping most tokens."
     plan = plan_layers(n_tokens, fraction, windows, ladder=ladder, **kw)
     if costs is None: return (*plan, None)
+    costs = {w: (0.0, per) for w, (_, per) in costs.items()}         # what grows with the context (see above)
     full = full_slots(n_tokens, windows)
     limit = plan_price(["full"] * len(full), full, costs)
     if plan_price(*plan, costs) <= limit: return (*plan, None)

@@ -37,12 +37,14 @@ HARNESS = 'Harness reference'
 NAV = [
     ('Start', ['index', 'getting_started', 'cli', 'serve', 'distributed']),
     ('How the methods work', ['proxy', 'allocators', 'h2o', 'policies', 'cache', 'storage', 'group_storage',
-                              'kivi_storage', 'choosing_storage', 'batch', 'coordinator', 'methods', 'planner']),
+                              'kivi_storage', 'choosing_storage', 'batch', 'costs', 'coordinator', 'methods',
+                              'planner']),
     ('The library', ['builder', 'blas', 'models', 'reliability', 'api']),
     ('Results', ['every_task', 'quality', 'speed', 'batch_speed']),
     (HARNESS, ['eval_prompts', 'eval_measure', 'eval_batching', 'eval_grid', 'eval_fraction', 'eval_prefill',
                'eval_results', 'eval_tables', 'eval_grid_tables', 'eval_plots', 'eval_quality_cli',
-               'eval_bench', 'eval_bench_prefill', 'eval_bench_run', 'eval_batch_bench', 'eval_sharding']),
+               'eval_bench', 'eval_bench_prefill', 'eval_bench_run', 'eval_default_speed', 'eval_batch_bench',
+               'eval_sharding']),
     ('The explorer', ['explore_schedules']),
 ]
 LABELS = {'index': 'Home'}   # the home page's title is the package name

@@ -12,7 +12,8 @@ from ..cache import cache_arrays
 
 # %% auto #0
 __all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context', 'run_all', 'speed_rows',
-           'markdown_speed_table', 'speed_headline', 'plot_default_speed', 'op_profile', 'main']
+           'markdown_speed_table', 'speed_headline', 'plot_default_speed', 'op_profile', 'markdown_profile_table',
+           'markdown_costs_table', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "bytes-plan@0.25", "bytes-plan@0.125", "float@0.125", "kivi4",
@@ -170,6 +171,27 @@ def op_profile(lengths:tuple=(2048, 8192), shapes:tuple=((3, 3, 64), (1, 4, 256)
                 row[name] = ms / 64 if name.startswith("choose") else ms
             out.append(row)
     return out
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #afff4c19
+def markdown_profile_table(profile:list)->str:
+    "`op_profile`'s rows as a Markdown table: ms per layer and decoding step."
+    cols = ("attention_full", "attention_4bit", "attention_3bit", "refill_one_per_step", "choose_64_per_step")
+    names = ("attention, full cache", "attention, 4-bit", "attention, 3-bit", "refill one slot (every step)",
+             "choose 64 (per step)")
+    head = "| shape (KV heads, head_dim) | tokens | " + " | ".join(names) + " |\n|---|---:|" + "---:|" * len(cols)
+    line = lambda r: (f"| {r['shape'][0]}, {r['shape'][2]} | {r['tokens']:,} | "
+                      + " | ".join(f"{r[c]:.2f}" for c in cols) + " |")
+    return "\n".join([head] + [line(r) for r in profile])
+
+def markdown_costs_table(by_head_dim:dict)->str:
+    "A price table (`measure_costs`'s `by_head_dim`) as Markdown: per width, fixed and per-token price per head_dim."
+    hds = sorted(by_head_dim, key=int)
+    widths = list(by_head_dim[hds[0]])
+    head = "| width | " + " | ".join(f"head_dim {h}: fixed, per token" for h in hds) + " |\n|---|" + "---:|" * len(hds)
+    name = lambda w: "full cache (mlx-lm)" if w == "full" else "float (ours)" if w == "16" else f"{w} bits"
+    line = lambda w: f"| {name(w)} | " + " | ".join(f"{by_head_dim[h][w][0]:.0f}, {by_head_dim[h][w][1]:.2f}"
+                                                   for h in hds) + " |"
+    return "\n".join([head] + [line(w) for w in widths])
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9be7a9d5
 def main(argv=None):
