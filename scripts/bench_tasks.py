@@ -15,13 +15,13 @@ def rows_at(shares):
     for f in shares:
         rows[f"default@{f}"] = recommended_config(f)
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
-        rows[f"prev-default@{f}"] = recommended_config(f)
+        rows[f"prev-default@{f}"] = recommended_config(f, slack=0)
         rows[f"bytes-plan@{f}"] = recommended_config(f, slack=0)      # the default before time was priced
-        if f < 0.2: rows[f"w128@{f}"] = recommended_config(f)   # past the ladder: windows of 128, not 256
-        if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f)   # whole windows, fewer global tokens
+        if f < 0.2: rows[f"w128@{f}"] = recommended_config(f, slack=0)   # past the ladder: windows of 128, not 256
+        if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f, slack=0)   # whole windows, fewer global tokens
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
             rows[f"{name}@{f}"] = recommended_config(f, method=method, chunk=16)
-    rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0])
+    rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0], slack=0)
     rows[f"chunkkv@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16)
     rows[f"chunkkv+squeeze@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16,
                                                                     schedule="squeeze")
@@ -35,7 +35,7 @@ def bound_rows(shares, windows, context):
     "The default beside every token at 3 or 2 bits, and every global token at 3 bits with 256-token windows."
     rows = {f"default@{f}": recommended_config(f) for f in shares}
     return rows | {"kivi3": KVCacheConfig("full", kv_bits=3), "kivi2": KVCacheConfig("full", kv_bits=2),
-                   "all-global-w256": recommended_config(all_global_share(windows, context))}
+                   "all-global-w256": recommended_config(all_global_share(windows, context), slack=0)}
 
 def all_global_share(windows, n_tokens, bits=3):
     "The share of bytes holding every global token and 256 per window at `bits` (`n_tokens` in whole groups of 64)."
@@ -48,11 +48,12 @@ def builders(configs):
     "Rows as functions `model -> caches`; `keep-all@F` and `prev-default@F` are the default with its planner changed."
     from veloxquant_mlx.builder import KVCacheBuilder, coordinator_of
     from veloxquant_mlx.planner import LADDER
-    planners = {"keep-all": dict(max_evict=0.0),                               # no eviction allowance
-                "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0),   # the previous planner
-                "w128": dict(window_budget=128),                                  # smaller windows, more global tokens
-                "whole-windows": dict(window_budget=512),                          # the planner before the window fill
-                "all-global-w256": dict(ladder=((3, 3),), max_evict=0.0, window_budget=256),  # (its share: bound_rows)
+    bytes_only = dict(costs=None)     # the rows below were measured before widths were priced in time
+    planners = {"keep-all": dict(max_evict=0.0, **bytes_only),                  # no eviction allowance
+                "prev-default": dict(ladder=LADDER + ((3, 2),), window_trim=0, **bytes_only),   # the previous planner
+                "w128": dict(window_budget=128, **bytes_only),                    # smaller windows, more global tokens
+                "whole-windows": dict(window_budget=512, **bytes_only),            # the planner before the window fill
+                "all-global-w256": dict(ladder=((3, 3),), max_evict=0.0, window_budget=256, **bytes_only),  # bound_rows
                 "bytes-plan": dict(costs=None)}                                   # widths priced in bytes alone
     def planned(cfg, attrs):
         def build(model):

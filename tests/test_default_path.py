@@ -67,10 +67,11 @@ def record_incoming(caches)->dict:
     return seen
 
 def check_held(caches, seen:dict):
-    """Every slot holds the key and value of the token its position names: exactly in float; packed, within one
-    quantization step (at most two roundings within these runs: the pack, then a hole refill or an unpack and re-pack;
-    a key group's step is at most its channel's range over every token seen / (2**bits - 1), a value group's at
-    most the range of that token's own group / (2**bits - 1))."""
+    """Every slot holds the key and value of the token its position names: exactly in float; packed, within one and a
+    half quantization steps (each rounding is off by half a step at most, and within these runs a key is rounded at
+    most three times: the pack, then a refill at each of two choices that widen its group's grid; a key group's step
+    is at most its channel's range over every token seen / (2**bits - 1), a value group's at most the range of that
+    token's own group / (2**bits - 1))."""
     for i, c in enumerate(caches):
         st, n = c.store, c.count
         K, V = (np.concatenate(seen[i][j], axis=1) for j in (0, 1))              # [H, positions, D]
@@ -86,8 +87,8 @@ def check_held(caches, seen:dict):
             tol[1] = np.repeat((vg.max(axis=-1) - vg.min(axis=-1)) / L, G, axis=-1)
         for name, g, w, t in zip(("keys", "values"), got, want, tol):
             err = np.abs(np.array(g, np.float32) - w)
-            assert (err <= t + 1e-4).all(), (i, name, "a slot does not hold the token its position names",
-                                             float((err - t).max()), np.argwhere(err > t + 1e-4)[:3].tolist())
+            assert (err <= 1.5 * t + 1e-4).all(), (i, name, "a slot does not hold the token its position names",
+                                             float((err - 1.5 * t).max()), np.argwhere(err > 1.5 * t + 1e-4)[:3].tolist())
 
 def check_step(caches, mdl, seen:int, f:float):
     "Every invariant of the default after a forward pass that has seen `seen` tokens."
@@ -155,7 +156,8 @@ def test_default_packs_and_keeps_every_invariant_while_decoding(arch, hd, f, n, 
     # (budget -> budget - slack, the newcomer kept), and a layer never shrank any other way
     slack = {i: c.spec.slack for i, c in enumerate(caches)}
     assert any(slack[i] > 1 for i, *_ in drops), (drops, slack)
-    assert all(b == budget and now == budget - slack[i] for i, b, budget, now in drops), (drops, slack)
+    # (down to budget - slack, or to its packed prefix when that is larger: a choice never unpacks it for the slack)
+    assert all(b == budget and budget - slack[i] <= now < budget for i, b, budget, now in drops), (drops, slack)
 
 # ------------------------------------------------------------------------------------- 2. the default's batch path
 BATCH_PROMPTS = [ids(n, s) for s, n in enumerate((300, 170, 450))]
@@ -229,7 +231,7 @@ def kivi_layer():
         mdl(mx.argmax(out[:, -1], -1)[:, None], cache=caches)
     finally: P.device_costs = keep
     c = caches[0]
-    assert isinstance(c.store, KiviStorage) and c.store.P > 0 and c.count < c.budget
+    assert isinstance(c.store, KiviStorage) and c.store.P > 0 and c.count <= c.budget
     return c
 
 def tampered(layer, arrays=None, **meta):
@@ -260,7 +262,7 @@ def test_tampered_kivi_states_are_refused_by_name(kivi_layer):
     with pytest.raises(ValueError, match="prefix="):                       # the value prefix one token short
         EvictingCache.from_state(tampered(c, {1: [vq[:, :, 1:], vs[:, :, 1:], vb[:, :, 1:], vr]}))
     with pytest.raises(ValueError, match=rf"count={c.count + 1}.*KIVI storage holds {c.count}"):
-        EvictingCache.from_state(tampered(c, count=c.count + 1))
+        EvictingCache.from_state(tampered(c, count=c.count + 1, budget=c.budget + 8))   # within the budget: storage
     with pytest.raises(ValueError, match=rf"count={c.budget + 1}.*budget={c.budget}"):
         EvictingCache.from_state(tampered(c, count=c.budget + 1, offset=c.offset + c.budget))
     with pytest.raises(ValueError, match="`offset`"):

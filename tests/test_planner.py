@@ -36,6 +36,7 @@ def test_bytes_within_the_share_while_decoding(f, n, slack):
 def test_mixed_widths_round_trip(tmp_path):
     model = gemma()
     caches = KVCacheBuilder.for_model(model, auto(0.25))
+    coordinator_of(caches).costs = None             # widths by bytes alone: (4, 3) here (priced in time: 4 everywhere)
     prompt = mx.random.randint(0, 256, (1, 500), key=mx.random.key(1))
     toks, _ = greedy(model, prompt, caches, 3, chunk=128)
     bits = [c.store.bits for c in caches]
@@ -49,6 +50,7 @@ def test_mixed_widths_round_trip(tmp_path):
 def test_an_unspent_share_is_reported():
     model = gemma()
     caches = KVCacheBuilder.for_model(model, auto(0.9))
+    coordinator_of(caches).costs = None                      # by bytes alone (priced in time: float, on this CPU)
     greedy(model, mx.random.randint(0, 256, (1, 300), key=mx.random.key(2)), caches, 1, chunk=128)
     co = coordinator_of(caches)
     assert co.bits == [8] * 6 and co.budgets == [c.count for c in caches]     # everything kept at 8 bits

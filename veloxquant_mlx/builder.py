@@ -339,7 +339,7 @@ def recommended_config(kv_fraction:float|None=None, # share of the full cache's 
     if method != RECOMMENDED["method"]: fields["params"] = {}
     for k in list(overrides):
         if k in KVCacheConfig.__dataclass_fields__: fields[k] = overrides.pop(k)
-    if kv_fraction is not None: fields.setdefault("slack", fields.get("kv_group_size", 64) - 1)   # choose per group
+    if kv_fraction is not None: fields.setdefault("slack", fields.get("kv_group_size", 64) - 1)   # evict per group
     fields["params"].update(overrides)
     return KVCacheConfig(method=method, budget=budget, kv_fraction=kv_fraction, **fields)
 

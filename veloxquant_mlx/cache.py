@@ -309,26 +309,27 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     self._on_keys(keys, mx.arange(start, start + N, dtype=mx.int32))
     kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
-    elif self._select_due(): self._select(start + N)
+    elif self._select_due(decode := N == 1 and not self._prompt_end): self._select(start + N, decode)
     if not self._pending: self._settle()
     return kv
 
 # %% ../nbs/03_cache.ipynb #d11c0dd8
 @patch
-def _target(self:EvictingCache)->int:
-    "Tokens a choice keeps: `budget - slack`, after a chunk, a prompt's end, or a decoding step that found it full."
-    return self.budget - self.spec.slack
+def _target(self:EvictingCache, decode:bool=False)->int:
+    "Tokens a choice keeps: the budget after a chunk or a prompt's end; `budget - slack` after a full decoding step."
+    if not decode: return self.budget
+    return max(self.budget - self.spec.slack, min(self.store.min_keep(), self.budget))   # never unpack for slack
 
 @patch
-def _select_due(self:EvictingCache)->bool:
+def _select_due(self:EvictingCache, decode:bool=False)->bool:
     "True when what is held must be cut now."
-    return self.budget is not None and not self._deferring and self.count > self._target()
+    return self.budget is not None and not self._deferring and self.count > self._target(decode)
 
 # %% ../nbs/03_cache.ipynb #90607af1
 @patch
-def _select(self:EvictingCache, next_pos:int):
+def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     "Keep the tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
-    n = self._target()
+    n = self._target(decode)
     view = View(self._scores[:, :, :self.count], self.positions[:, :, :self.count], next_pos)
     idx, s = self.policy.keep(view, n, self.spec.n_sink, self.spec.window, self.spec.recent)
     order = self.store.keep(idx, self.count)             # the storage's slot order (the kept indices for floats)
@@ -478,7 +479,7 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
 def _moment(self:EvictingCache, N:int)->tuple:
     "Where a pass of `N` queries stands: (a decoding step, a choice due after it, the observation window chooses now)."
     decode = N == 1 and not self._prompt_end
-    due = self._pending and self._select_due()
+    due = self._pending and self._select_due(decode)
     return decode, due, due or self._prompt_end or (N > 1 and not self._deferring)
 
 # %% ../nbs/03_cache.ipynb #b625a0ff
@@ -488,7 +489,7 @@ def _after_attention(self:EvictingCache, due:bool, decode:bool):
     self._prompt_end = False
     if not self._pending: return
     self._pending = False
-    if due: self._select(self.offset)
+    if due: self._select(self.offset, decode)
     self._settle()
 
 # %% ../nbs/03_cache.ipynb #ab7a7274

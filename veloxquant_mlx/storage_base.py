@@ -191,6 +191,11 @@ def key_mass(self:Storage, positions, new_keys, qpos, window:int|None, count:int
 
 # %% ../nbs/03a_storage.ipynb #943a9c6e
 @patch
+def min_keep(self:Storage)->int:
+    "Tokens a choice should keep at least to leave what is packed whole (0: any choice is exact)."
+    return 0
+
+@patch
 def check_count(self:Storage, count:int):
     "Raise a ValueError unless a loaded state's `count` fits what is held."
     if count > self.slots: raise ValueError(f"state says count={count} but its keys hold {self.slots} slots")

@@ -337,6 +337,11 @@ def set_state(self:KiviStorage, keys, values, meta:dict|None=None):
 
 # %% ../nbs/03a2_kivi_storage.ipynb #52a3a0e2
 @patch
+def min_keep(self:KiviStorage)->int:
+    "The packed prefix: a choice that keeps fewer unpacks it and quantizes those tokens twice."
+    return self.P
+
+@patch
 def check_count(self:KiviStorage, count:int):
     "A KIVI state holds exactly `count` slots."
     if count != self.slots:

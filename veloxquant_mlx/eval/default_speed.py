@@ -16,14 +16,15 @@ __all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', '
            'markdown_costs_table', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
-KINDS = ("full", "default@0.25", "default@0.125", "bytes-plan@0.25", "bytes-plan@0.125", "float@0.125", "kivi4",
-         "mlx-q4")
+KINDS = ("full", "default@0.25", "default@0.125", "per-step@0.125", "bytes-plan@0.25", "bytes-plan@0.125",
+         "float@0.125", "kivi4", "mlx-q4")
 
 def kind_caches(model, kind:str)->list: # one of `KINDS`
     "The per-layer caches of a benchmark kind."
     if kind == "full": return make_prompt_cache(model)
     name, _, share = kind.partition("@")
     if name == "default": return KVCacheBuilder.for_model(model, recommended_config(float(share)))
+    if name == "per-step": return KVCacheBuilder.for_model(model, recommended_config(float(share), slack=0))
     if name == "bytes-plan":                                   # the byte planner alone, one eviction per step
         caches = KVCacheBuilder.for_model(model, recommended_config(float(share), slack=0))
         coordinator_of(caches).costs = None
@@ -60,7 +61,7 @@ def run_context(model, ids:list, # the prompt's token ids
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #de193b3e
 CONTEXTS = {"smollm2": (2048, 8100), "gemma3": (2048, 8192)}   # SmolLM2: within its 8,192 tokens
-LONG_KINDS = ("full", "default@0.25", "default@0.125", "bytes-plan@0.25", "float@0.125")  # past 4,096 tokens
+LONG_KINDS = ("full", "default@0.25", "default@0.125", "per-step@0.125", "bytes-plan@0.25", "float@0.125")  # past 4k
 QUICK = dict(contexts={"smollm2": (1024, 2048)}, steps=6, kinds=("full", "default@0.25", "default@0.125", "float@0.125"))
 
 def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
