@@ -116,7 +116,7 @@ def test_storage_declares_everything_the_cache_and_the_batch_use():
     assert "quantized" not in used, "the cache branches on the storage's kind"
     for cls in (FloatStorage, GroupStorage, KiviStorage):           # every declared method is implemented
         for m in used - set(Storage.__annotations__) - {"needs_hook", "scheme"}:
-            assert getattr(cls, m) is not getattr(Storage, m) or m in ("check_count", "put", "settle", "truncate", "state"), (cls, m)
+            assert getattr(cls, m) is not getattr(Storage, m) or m in ("check_count", "put", "settle", "truncate", "state", "min_keep"), (cls, m)
 
 
 def test_one_coordinator_base_and_no_probing():

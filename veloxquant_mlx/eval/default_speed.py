@@ -11,9 +11,9 @@ from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordin
 from ..cache import cache_arrays
 
 # %% auto #0
-__all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context', 'run_all', 'speed_rows',
-           'markdown_speed_table', 'speed_headline', 'plot_default_speed', 'op_profile', 'markdown_profile_table',
-           'markdown_costs_table', 'main']
+__all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context', 'run_all', 'load_runs',
+           'speed_rows', 'markdown_speed_table', 'speed_headline', 'plot_default_speed', 'op_profile',
+           'markdown_profile_table', 'markdown_costs_table', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "per-step@0.125", "bytes-plan@0.25", "bytes-plan@0.125",
@@ -66,6 +66,7 @@ QUICK = dict(contexts={"smollm2": (1024, 2048)}, steps=6, kinds=("full", "defaul
 
 def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
             long_kinds:tuple|None=LONG_KINDS, # the kinds past 4,096 tokens (None: `kinds`)
+            on_context=None, # called with the results so far after every context (to save them as they come)
            )->dict:
     "Every model at every context: `run_context` results keyed by model and context."
     from veloxquant_mlx.models import load_embedded_model, prose_text
@@ -76,11 +77,20 @@ def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
         if len(ids) < max(lengths): raise ValueError(f"the prose is {len(ids)} tokens, fewer than {max(lengths)}")
         log(f"{name}:")
         pick = lambda n: kinds if n <= 4096 or long_kinds is None else tuple(k for k in kinds if k in long_kinds)
-        out[name] = {str(n): run_context(model, ids[:n], pick(n), steps, log=log) for n in lengths}
+        out[name] = {}
+        for n in lengths:
+            out[name][str(n)] = run_context(model, ids[:n], pick(n), steps, log=log)
+            if on_context: on_context(out)
         del model
     return out
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #7b03f138
+def load_runs(*paths)->dict:
+    "The `results` of several runs (one per model, say) as one dict, with the settings of each."
+    runs = [json.load(open(p)) for p in paths]
+    return dict(results={m: r for run in runs for m, r in run["results"].items()},
+                settings=[run["settings"] for run in runs])
+
 def speed_rows(res:dict)->list:
     "(model, context, kind, step ms, speed vs full, prefill vs full) rows of a run."
     rows = []
@@ -203,20 +213,27 @@ def main(argv=None):
     ap.add_argument("--image", default=None, help="write the figure here (PNG)")
     ap.add_argument("--models", default=None, help="comma-separated embedded models (default: both)")
     ap.add_argument("--profile", action="store_true", help="only the per-operation profile (`op_profile`)")
+    ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
+    ap.add_argument("--long-kinds", default=None, help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
+    ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 16)")
     a = ap.parse_args(argv)
     cfg = dict(QUICK, long_kinds=None) if a.quick else dict(contexts=dict(CONTEXTS), steps=16, kinds=KINDS,
                                                         long_kinds=LONG_KINDS)
     if a.models: cfg["contexts"] = {m: CONTEXTS[m] for m in a.models.split(",")}
+    if a.kinds: cfg["kinds"] = tuple(a.kinds.split(","))
+    if a.long_kinds: cfg["long_kinds"] = tuple(a.long_kinds.split(","))
+    if a.steps: cfg["steps"] = a.steps
     t0 = time.time()
     if a.profile:
         json.dump(dict(profile=op_profile(), device=str(mx.default_device()), seconds=round(time.time() - t0)),
                   open(a.out, "w"), indent=1)
         return
+    def save(res):
+        settings = dict(quick=a.quick, steps=cfg["steps"], kinds=list(cfg["kinds"]), long_kinds=list(cfg["long_kinds"] or []),
+                        contexts={k: list(v) for k, v in cfg["contexts"].items()}, device=str(mx.default_device()),
+                        seconds=round(time.time() - t0))
+        json.dump(dict(results=res, settings=settings), open(a.out, "w"), indent=1)
     res = run_all(cfg["contexts"], cfg["kinds"], cfg["steps"], log=lambda s: print(s, file=sys.stderr),
-                  long_kinds=cfg["long_kinds"])
-    out = dict(results=res, settings=dict(quick=a.quick, steps=cfg["steps"], kinds=list(cfg["kinds"]),
-                                         contexts={k: list(v) for k, v in cfg["contexts"].items()},
-                                         device=str(mx.default_device()), seconds=round(time.time() - t0)))
-    json.dump(out, open(a.out, "w"), indent=1)
+                  long_kinds=cfg["long_kinds"], on_context=save)
     for m in res: print(f"\n{m}\n" + markdown_speed_table(res, m))
     if a.image: plot_default_speed(res).savefig(a.image, dpi=100)
