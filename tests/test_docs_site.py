@@ -598,7 +598,7 @@ def test_explorer_usable_at_390px(site, browser):
     assert r['widest'] <= r['room'] + 1, f'the explorer is {r["widest"]} px wide in {r["room"]} px'
     _set(pg, 'avg_budget', '3')
     err = pg.locator('.vq-widget .vq-error')
-    assert err.is_visible() and 'avg_budget=3' in err.inner_text()
+    assert err.is_visible() and '`avg_budget` must be an integer >= 5, got 3' in err.inner_text()
     c = pg.evaluate('''() => { const e = document.querySelector('.vq-widget .vq-error');
         const rgb = s => (s.match(/[\\d.]+/g) || []).slice(0, 4).map(Number);
         let bg = null;

@@ -138,16 +138,15 @@ def plot_default_speed(res:dict):
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows, models = speed_rows(res), list(res)
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 3.8), squeeze=False)  # shown unscaled
     for ax, m in zip(axes[0], models):
         for k in dict.fromkeys(r["kind"] for r in rows if r["model"] == m):
             pts = sorted((r["context"], r["speed"]) for r in rows if r["model"] == m and r["kind"] == k)
             ax.plot(*zip(*pts), marker="o", label=k, linestyle="--" if k.startswith("bytes-plan") else "-")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set(xscale="log", xlabel="prompt tokens", ylabel="decode speed / full cache's", title=m)
+        ax.set(xlabel="prompt tokens", ylabel="decode speed / full cache's", title=NAMES.get(m, m))
         ax.set_xticks(sorted({r["context"] for r in rows if r["model"] == m}))
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
 
