@@ -42,16 +42,20 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
 
+def _tensor_name(gguf_name:str, layer_names:dict, global_names:dict, arch:str)->str:
+    "An mlx-lm parameter name from llama.cpp's, by an architecture's tables (per block and global)."
+    if gguf_name in global_names:
+        return global_names[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
+    if m is None or m.group(2) not in layer_names:
+        raise ValueError(f"gguf_name={gguf_name!r} is not a {arch} tensor this converter knows")
+    return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.weight"
+
 def mlx_tensor_name(
     gguf_name: str,  # a llama.cpp tensor name such as 'blk.3.attn_q.weight'
 ) -> str:
     "The mlx-lm `gemma3_text` parameter name for a Gemma 3 GGUF tensor name."
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
-        raise ValueError(f"gguf_name={gguf_name!r} is not a Gemma 3 tensor this converter knows")
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    return _tensor_name(gguf_name, _LAYER_NAMES, _GLOBAL_NAMES, "Gemma 3")
 
 # %% ../nbs/06_models.ipynb #80b905e0
 def is_offset_norm(
@@ -193,12 +197,7 @@ def llama_tensor_name(
     gguf_name: str,  # a llama.cpp tensor name such as 'blk.3.attn_q.weight'
 ) -> str:
     "The mlx-lm `llama` parameter name for a Llama GGUF tensor name."
-    if gguf_name in _LLAMA_GLOBAL_NAMES:
-        return _LLAMA_GLOBAL_NAMES[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
-    if m is None or m.group(2) not in _LLAMA_LAYER_NAMES:
-        raise ValueError(f"gguf_name={gguf_name!r} is not a Llama tensor this converter knows")
-    return f"model.layers.{m.group(1)}.{_LLAMA_LAYER_NAMES[m.group(2)]}.weight"
+    return _tensor_name(gguf_name, _LLAMA_LAYER_NAMES, _LLAMA_GLOBAL_NAMES, "Llama")
 
 # %% ../nbs/06_models.ipynb #7b12c8ac
 def llama_config(
