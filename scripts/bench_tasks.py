@@ -17,6 +17,8 @@ def rows_at(shares):
         rows[f"old-default@{f}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=f, **OLD_DEFAULT)
         rows[f"prev-default@{f}"] = recommended_config(f, slack=0)
         rows[f"bytes-plan@{f}"] = recommended_config(f, slack=0)      # the default before time was priced
+        rows[f"slack63@{f}"] = recommended_config(f, slack=63)       # the default with a choice per KIVI group
+        rows[f"rot@{f}"] = recommended_config(f)                     # the default with its values rotated (a lever)
         if f < 0.2: rows[f"w128@{f}"] = recommended_config(f, slack=0)   # past the ladder: windows of 128, not 256
         if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f, slack=0)   # whole windows, fewer global tokens
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
@@ -46,6 +48,7 @@ def all_global_share(windows, n_tokens, bits=3):
 
 def builders(configs):
     "Rows as functions `model -> caches`; `keep-all@F` and `prev-default@F` are the default with its planner changed."
+    from dataclasses import replace
     from veloxquant_mlx.builder import KVCacheBuilder, coordinator_of
     from veloxquant_mlx.planner import LADDER
     bytes_only = dict(costs=None)     # the rows below were measured before widths were priced in time
@@ -58,11 +61,20 @@ def builders(configs):
     def planned(cfg, attrs):
         def build(model):
             caches = KVCacheBuilder.for_model(model, cfg)
-            for k, v in attrs.items(): setattr(coordinator_of(caches), k, v)
+            co = coordinator_of(caches)
+            co.costs = attrs.get("costs", co.costs)
+            co.settings = replace(co.settings, **{k: v for k, v in attrs.items() if k != "costs"})
             return caches
         return build
-    return {k: planned(c, planners[k.split("@")[0]]) if k.split("@")[0] in planners else config_row(c)
-            for k, c in configs.items()}
+    def rotated(cfg):
+        def build(model):
+            caches = KVCacheBuilder.for_model(model, cfg)
+            for c in caches:
+                if hasattr(c.store, "rotate"): c.store.rotate = True   # KIVI layers: values through a Hadamard transform
+            return caches
+        return build
+    return {k: rotated(c) if k.startswith("rot@") else planned(c, planners[k.split("@")[0]])
+            if k.split("@")[0] in planners else config_row(c) for k, c in configs.items()}
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)

@@ -393,6 +393,35 @@ def test_readme_and_index_show_the_current_results():
     outs = [''.join(o.get('data', {}).get('text/markdown', '')) for c in nb['cells'] if c['cell_type'] == 'code' for o in c.get('outputs', [])]
     assert want in outs, f'nbs/index.ipynb carries an old quality summary: {fix}'
 
+def _run_cell(src:str, ns:dict):
+    "Execute a cell's source in `ns`; the value of its last expression (what the notebook shows), or None."
+    import ast
+    tree = ast.parse(src)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, '<cell>', 'exec'), ns)
+    return None if last is None else eval(compile(ast.Expression(last.value), '<cell>', 'eval'), ns)
+
+def test_every_computed_readme_section_is_current():
+    """Every computed (`exec_doc`) cell of nbs/index.ipynb, run now on the result files, gives the output saved in the
+    notebook, and README.md carries it: the every-task tables of both models, the speed line, the fraction section and
+    the methods table cannot drift from their JSON (the docs pages run the same cells when they are built)."""
+    nb = json.loads((ROOT/'nbs'/'index.ipynb').read_text())
+    readme = (ROOT/'README.md').read_text()
+    fix = 'run `python scripts/run_nb.py nbs/index.ipynb && python scripts/render_readme.py`'
+    cwd, ns, checked = os.getcwd(), {}, 0
+    os.chdir(ROOT/'nbs')
+    try:
+        for c in nb['cells']:
+            src = ''.join(c['source'])
+            if c['cell_type'] != 'code' or '#| exec_doc' not in src: continue
+            now = _run_cell(src, ns).data
+            saved = [''.join(o.get('data', {}).get('text/markdown', '')) for o in c.get('outputs', [])]
+            assert now in saved, f'nbs/index.ipynb shows an old output of:\n{src[:300]}\n{fix}'
+            assert now.strip() in readme, f'README.md does not show the current output of:\n{src[:300]}\n{fix}'
+            checked += 1
+    finally: os.chdir(cwd)
+    assert checked >= 4, checked                  # methods, every task (two models), fractions, speed
+
 # ----------------------------------------------------------------------------------------------------------------
 # the schedule explorer
 

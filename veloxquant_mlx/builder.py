@@ -20,10 +20,10 @@ from .allocators import _check_real
 from .storage import make_storage, check_kv_format, bf16_nbytes
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'RECOMMENDED', 'knob', 'field_type',
-           'KVCacheConfig', 'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks', 'KVCacheBuilder',
-           'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits', 'greedy',
-           'record_attention']
+__all__ = ['SCHEDULES', 'DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'DEFAULT_SLACK', 'RECOMMENDED', 'knob',
+           'field_type', 'KVCacheConfig', 'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks',
+           'KVCacheBuilder', 'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits',
+           'greedy', 'record_attention']
 
 # %% ../nbs/05_builder.ipynb #065f69dd
 SCHEDULES = ("uniform", "pyramid", "squeeze")  # what `schedule` may name: any of them over any policy
@@ -323,6 +323,7 @@ def from_label(cls:KVCacheConfig, label:str, # e.g. "pyramidkv[score=key_proxy,b
 
 # %% ../nbs/05_builder.ipynb #a8059f98
 DEFAULT_FRACTION = 0.25  # the share of the full cache kept when neither a fraction nor a budget is given
+DEFAULT_SLACK = 7  # a full layer evicts `slack + 1` tokens at once: a choice per 8 steps, 7 float tokens per layer
 RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", kv_bits="auto",
                    params=dict(chunk=16))  # measured: every task, two families each (the every-task page)
 
@@ -339,7 +340,7 @@ def recommended_config(kv_fraction:float|None=None, # share of the full cache's 
     if method != RECOMMENDED["method"]: fields["params"] = {}
     for k in list(overrides):
         if k in KVCacheConfig.__dataclass_fields__: fields[k] = overrides.pop(k)
-    if kv_fraction is not None: fields.setdefault("slack", fields.get("kv_group_size", 64) - 1)   # evict per group
+    if kv_fraction is not None: fields.setdefault("slack", DEFAULT_SLACK)   # evict every 8 steps
     fields["params"].update(overrides)
     return KVCacheConfig(method=method, budget=budget, kv_fraction=kv_fraction, **fields)
 

@@ -19,9 +19,10 @@ from .storage import Storage, FloatStorage, storage_from_meta
 from .coordinator import Coordinator
 
 # %% auto #0
-__all__ = ['COMPRESS', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'fit', 'EvictingCache', 'advance', 'install_attention_hook',
-           'remove_attention_hook', 'hook_installed', 'dense_attention_reference', 'hand_over', 'take_back',
-           'chooses_next', 'steady', 'held_arrays', 'cache_arrays', 'copy_layer', 'policy_for_score']
+__all__ = ['COMPRESS', 'READING', 'CHOOSING', 'DECODING', 'PHASE_MOVES', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'fit',
+           'EvictingCache', 'advance', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
+           'dense_attention_reference', 'hand_over', 'take_back', 'chooses_next', 'steady', 'held_arrays',
+           'cache_arrays', 'copy_layer', 'policy_for_score']
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
@@ -129,21 +130,32 @@ def adopt_budget(self:EvictingCache, budget:int|None):
     self._set_budget(budget)
     if not self._pending and self._select_due(): self._select(self.offset)
 
+# %% ../nbs/03_cache.ipynb #45157f82
+READING, CHOOSING, DECODING = "reading", "choosing", "decoding"  # a layer's phases, in the order a prompt meets them
+PHASE_MOVES = {READING: (CHOOSING, DECODING), CHOOSING: (DECODING,), DECODING: ()}  # the moves `_go` allows
+
+@patch
+def _go(self:EvictingCache, phase:str): # one of `PHASE_MOVES`'s keys
+    "Move to `phase` (the one place a layer's phase changes): a move `PHASE_MOVES` does not list is refused."
+    if phase not in PHASE_MOVES[self._phase]:
+        raise RuntimeError(f"a layer cannot go from phase {self._phase!r} to {phase!r}: the moves are {PHASE_MOVES}")
+    self._phase = phase
+
 # %% ../nbs/03_cache.ipynb #58af13bf
 @patch
 def reset(self:EvictingCache):
-    "Forget the prompt: empty the layer (a new prompt starts at position 0); the budget stays."
+    "Forget the prompt: empty the layer (a new prompt starts at position 0, reading); the budget stays."
     self.positions = self._scores = None
     self.store.reset()
-    self.offset, self.count, self._evicted, self._prompt_done = 0, 0, False, False
-    self._attn_pos, self._pending, self._prompt_end, self._obs_q = None, False, False, None
+    self.offset, self.count, self._phase, self._evicted = 0, 0, READING, False
+    self._attn_pos, self._pending, self._obs_q = None, False, None
     self._contiguous = True                             # held positions still a contiguous run (nothing chosen)
     self._concentration = self._hidden_cosine = None
 
 @patch(as_prop=True)
 def _deferring(self:EvictingCache)->bool:
     "True while a `prompt_end` layer is still reading its prompt (nothing is chosen yet)."
-    return self.spec.compress == "prompt_end" and not self._prompt_done
+    return self.spec.compress == "prompt_end" and self._phase == READING
 
 # %% ../nbs/03_cache.ipynb #d0c54f24
 @patch
@@ -159,14 +171,14 @@ def empty(self:EvictingCache)->bool:
 # %% ../nbs/03_cache.ipynb #60b0f485
 @patch(as_prop=True)
 def stats(self:EvictingCache)->dict:
-    "What the layer holds and has measured: tokens, budget, evicted, deferring, signals, bytes."
+    "What the layer holds and has measured: tokens, budget, evicted, its phase, deferring, signals, bytes."
     co, i = self.coordinator, self.spec.layer_idx
     conc = co.reports.get(i, self._concentration) if co is not None and co.signal == "key_dispersion" else \
         self._concentration                                   # a schedule's reported value (e.g. averaged over ranks)
     over = 0 if self.store.empty() else self.positions.nbytes + self._scores.nbytes
-    return dict(count=self.count, budget=self.budget, evicted=self._evicted, deferring=self._deferring,
-                concentration=conc, hidden_cosine=self._hidden_cosine, nbytes=self.store.nbytes,
-                nbytes_bf16=self.store.nbytes_bf16, overhead_nbytes=over)
+    return dict(count=self.count, budget=self.budget, evicted=self._evicted, phase=self._phase,
+                deferring=self._deferring, concentration=conc, hidden_cosine=self._hidden_cosine,
+                nbytes=self.store.nbytes, nbytes_bf16=self.store.nbytes_bf16, overhead_nbytes=over)
 
 # %% ../nbs/03_cache.ipynb #5a0e7c02
 @patch
@@ -220,12 +232,13 @@ def update_and_fetch(self:EvictingCache, keys, values):
     self._check_ready()
     N, start = keys.shape[2], self.offset
     self._before_update(keys)
-    self._prompt_end = self._deferring and N == 1          # the first one-token pass ends a prompt
-    if self._prompt_end: self._end_of_prompt(start + 1)
+    if self._phase == CHOOSING: self._go(DECODING)          # the pass that chose was attended outside the hook
+    if N == 1 and self._deferring: self._end_of_prompt(start + 1, CHOOSING)   # the first one-token pass ends a prompt
+    elif N == 1 and self._phase == READING: self._go(DECODING)                 # (a layer that chose all along)
     self.offset += N
     if N == 1 and not self.store.empty():
         room = self.budget is None or self.count < self.budget
-        if room or not (self._prompt_end or self.policy.evict_after or self.spec.slack):   # full + slack: choose
+        if room or not (self._phase == CHOOSING or self.policy.evict_after or self.spec.slack):   # full + slack: choose
             return self._update_decode(keys, values, start, room)
     return self._update_concat(keys, values, start)
 
@@ -309,7 +322,7 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     self._on_keys(keys, mx.arange(start, start + N, dtype=mx.int32))
     kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
-    elif self._select_due(decode := N == 1 and not self._prompt_end): self._select(start + N, decode)
+    elif self._select_due(decode := N == 1 and self._phase != CHOOSING): self._select(start + N, decode)
     if not self._pending: self._settle()
     return kv
 
@@ -340,11 +353,12 @@ def _select(self:EvictingCache, next_pos:int, decode:bool=False):
 
 # %% ../nbs/03_cache.ipynb #0e36d4e5
 @patch
-def _end_of_prompt(self:EvictingCache, n_tokens:int):
-    "The prompt has ended at `n_tokens`: a schedule waiting for its length sets the budgets now; nothing is chosen yet."
+def _end_of_prompt(self:EvictingCache, n_tokens:int, # the prompt's length
+                   phase:str=DECODING): # CHOOSING in the pass that ends the prompt; DECODING from `end_prompt()`
+    "The prompt has ended at `n_tokens`: a schedule waiting for its length sets the budgets now; then `phase`."
     co = self.coordinator
-    if co is not None: co.prompt_ended(n_tokens)
-    self._prompt_done = True
+    if co is not None: co.prompt_ended(n_tokens)          # (still reading: adopting a budget chooses nothing yet)
+    self._go(phase)
 
 # %% ../nbs/03_cache.ipynb #72bab8f0
 @patch
@@ -478,15 +492,15 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
 @patch
 def _moment(self:EvictingCache, N:int)->tuple:
     "Where a pass of `N` queries stands: (a decoding step, a choice due after it, the observation window chooses now)."
-    decode = N == 1 and not self._prompt_end
+    decode = N == 1 and self._phase != CHOOSING
     due = self._pending and self._select_due(decode)
-    return decode, due, due or self._prompt_end or (N > 1 and not self._deferring)
+    return decode, due, due or self._phase == CHOOSING or (N > 1 and not self._deferring)
 
 # %% ../nbs/03_cache.ipynb #b625a0ff
 @patch
 def _after_attention(self:EvictingCache, due:bool, decode:bool):
     "The pass has attended: a choice that waited for the queries is made now, and the storage settles."
-    self._prompt_end = False
+    if self._phase == CHOOSING: self._go(DECODING)
     if not self._pending: return
     self._pending = False
     if due: self._select(self.offset, decode)
@@ -504,7 +518,7 @@ def dense_attention_reference(queries, keys, values, key_pos, query_pos, scale, 
 
 # %% ../nbs/03_cache.ipynb #c2719491
 _SPEC_SAVED = ("method", "n_sink", "window", "recent", "slack", "compress", "layer_idx")   # saved under these keys
-_STATE_SAVED = ("budget", "offset", "count", "evicted", "prompt_done", "concentration", "hidden_cosine")
+_STATE_SAVED = ("budget", "offset", "count", "evicted", "concentration", "hidden_cosine")
 _attr = lambda f: f if f in ("budget", "offset", "count") else "_" + f   # the attribute holding a saved state field
 
 @patch
@@ -512,7 +526,8 @@ def _meta(self:EvictingCache)->dict:
     "Everything but the arrays, as a JSON-able dict."
     meta = {f: getattr(self.spec, f) for f in _SPEC_SAVED} | {f: getattr(self, _attr(f)) for f in _STATE_SAVED}
     meta.update(policy=self.policy.name, policy_params=self.policy.params(), recent_asked=self._asked[0],
-                slack_asked=self._asked[1], contiguous=self._contiguous, measure=self._measure, info=self.spec.info)
+                slack_asked=self._asked[1], prompt_done=self._phase != READING, contiguous=self._contiguous,
+                measure=self._measure, info=self.spec.info)
     if self._obs_q is not None: meta.update(obs_qpos=self._obs_q[1].tolist(), obs_scale=self._obs_q[2])
     if self.store.meta() is not None: meta.update(storage=self.store.meta())
     return meta
@@ -523,9 +538,10 @@ def _set_meta(self:EvictingCache, meta:dict, obs_q=None):
     "Restore from `meta` (checked: an inconsistent state is refused by name)."
     self.spec = LayerSpec(**{f: meta[f] for f in _SPEC_SAVED}, info=meta["info"])
     for f in _STATE_SAVED: setattr(self, _attr(f), meta[f])
+    self._phase = DECODING if meta["prompt_done"] else READING
     self.policy = make_policy(meta["policy"], **meta["policy_params"])
     self._asked, self._measure = (meta["recent_asked"], meta["slack_asked"]), meta["measure"]
-    self.coordinator, self._attn_pos, self._pending, self._prompt_end = None, None, False, False
+    self.coordinator, self._attn_pos, self._pending = None, None, False
     self._contiguous = meta["contiguous"]
     self._obs_q = None if obs_q is None else (obs_q, mx.array(meta["obs_qpos"], mx.int32), meta["obs_scale"])
     self._check_meta()

@@ -9,8 +9,8 @@ from .allocators import squeeze_budgets, allocate_exact, _check_int, _check_real
 
 # %% auto #0
 __all__ = ['SIGNALS', 'Coordinator', 'SqueezeCoordinator', 'kmeans_1d', 'hidden_cosine_budgets', 'Schedule', 'Uniform', 'Pyramid',
-           'Squeeze', 'full_slots', 'slot_bytes', 'residual_slots', 'fraction_budgets', 'window_split_budgets',
-           'PromptEndCoordinator', 'KVFraction', 'WindowSplit']
+           'Squeeze', 'full_slots', 'slot_bytes', 'residual_slots', 'fraction_shortfall', 'fraction_budgets',
+           'window_split_budgets', 'PromptEndCoordinator', 'KVFraction', 'WindowSplit']
 
 # %% ../nbs/04_coordinator.ipynb #6fa5ec87
 class Coordinator:
@@ -285,12 +285,7 @@ def _window_split(full:list, price:list, total:float, floor:int, win:list, windo
     "Windowed layers `win` at `window_budget` tokens, the global layers sharing the rest of `total` bytes."
     glob = [i for i in range(len(full)) if i not in win]
     fixed = {i: max(floor, min(window_budget, full[i])) for i in win}
-    left = total - sum(fixed[i] * price[i] for i in win)
-    pg = _uniform_price(price, glob)
-    if left < floor * len(glob) * pg - 1e-9:
-        raise ValueError(f"`window_budget`={window_budget} x {len(win)} windowed layers leaves {math.floor(left)} of "
-                         f"{math.floor(total)} token slots for the {len(glob)} global layers (they need "
-                         f"{floor * len(glob)})")
+    left, pg = total - sum(fixed[i] * price[i] for i in win), _uniform_price(price, glob)   # (`_shortfall`: fits)
     g = min(sum(full[i] for i in glob), math.floor(left / pg + 1e-9))
     out = _fill(full, glob, g, floor)
     w_tokens = sum(fixed.values()) + math.floor((left - g * pg) / _uniform_price(price, win) + 1e-9)
@@ -298,16 +293,51 @@ def _window_split(full:list, price:list, total:float, floor:int, win:list, windo
     return [out[i] for i in range(len(full))]
 
 # %% ../nbs/04_coordinator.ipynb #3b7c493d
-def _fraction_total(n_tokens:int, fraction:float, full:list, price:list, extra:list, n_sink:int)->tuple:
-    "(floor, bytes to share) of `fraction` of the full cache; an error when every layer's floor does not fit."
-    floor, total = min(n_sink + 1, min(full)), fraction * sum(full) - sum(extra)
+def _fraction_total(full:list, price:list, extra:list, n_sink:int, fraction:float)->tuple:
+    "(floor, bytes to share) of `fraction` of the full cache: the share less the reserve."
+    return min(n_sink + 1, min(full)), fraction * sum(full) - sum(extra)
+
+def _shortfall(n_tokens:int, fraction:float, full:list, price:list, extra:list, n_sink:int, win:list,
+               window_budget:int|None)->str|None:
+    "Why the share cannot give every layer its floor (and the windowed layers `window_budget`), or None."
+    floor, total = _fraction_total(full, price, extra, n_sink, fraction)
     if total < sum(floor * p for p in price) - 1e-9:
-        raise ValueError(f"`kv_fraction`={fraction} keeps {math.floor(total)} token slots of this {n_tokens}-token "
-                         f"prompt's {sum(full)}; its {len(full)} layers need at least {floor * len(full)} "
-                         "(n_sink + 1 each)")
-    return floor, total
+        return (f"`kv_fraction`={fraction} keeps {math.floor(total)} token slots of this {n_tokens}-token "
+                f"prompt's {sum(full)}; its {len(full)} layers need at least {floor * len(full)} (n_sink + 1 each)")
+    glob = [i for i in range(len(full)) if i not in win]
+    if window_budget is None or not win or not glob: return None
+    left = total - sum(max(floor, min(window_budget, full[i])) * price[i] for i in win)
+    if left < floor * len(glob) * _uniform_price(price, glob) - 1e-9:
+        return (f"`window_budget`={window_budget} x {len(win)} windowed layers leaves {math.floor(left)} of "
+                f"{math.floor(total)} token slots for the {len(glob)} global layers (they need {floor * len(glob)})")
 
 # %% ../nbs/04_coordinator.ipynb #5e880b43
+def _fraction_split(n_tokens:int, fraction:float, windows:list, n_sink:int, window_budget:int|None,
+                    slot_bytes:list|None, reserve:list|None)->tuple:
+    "(budgets, None), or (None, why) where the share cannot give every layer its floor: unchecked arguments."
+    why = fraction_shortfall(n_tokens, fraction, windows, n_sink, window_budget, slot_bytes, reserve)
+    if why: return None, why
+    full = full_slots(n_tokens, windows)
+    price, extra = list(slot_bytes or [1.0] * len(full)), list(reserve or [0.0] * len(full))
+    win = [i for i, w in enumerate(windows) if w is not None]
+    floor, total = _fraction_total(full, price, extra, n_sink, fraction)
+    if window_budget is None or not win: return _share(full, price, total, floor), None
+    return _window_split(full, price, total, floor, win, window_budget), None
+
+def fraction_shortfall(n_tokens:int, # the prompt's length
+                       fraction:float, # share of the full cache's bytes (at bfloat16), in (0, 1]
+                       windows:list, # per-layer sliding window, None for a global layer
+                       n_sink:int=4, # every layer keeps at least n_sink + 1 (or everything, if it holds less)
+                       window_budget:int|None=None, # tokens per windowed layer (None: the same fraction as all)
+                       slot_bytes:list|None=None, # per-layer bytes of a kept token relative to bf16 (None: all 1.0)
+                       reserve:list|None=None, # per-layer bytes held beyond the budget, in bf16 token slots
+                      )->str|None:
+    "Why `fraction_budgets` cannot split this share (a layer's floor would not fit), or None when it can."
+    full = full_slots(n_tokens, windows)
+    price, extra = list(slot_bytes or [1.0] * len(full)), list(reserve or [0.0] * len(full))
+    win = [i for i, w in enumerate(windows) if w is not None]
+    return _shortfall(n_tokens, fraction, full, price, extra, n_sink, win, window_budget)
+
 def fraction_budgets(n_tokens:int, # the prompt's length
                      fraction:float, # share of the full cache's bytes (at bfloat16) to keep, in (0, 1]
                      windows:list, # per-layer sliding window, None for a global layer
@@ -319,12 +349,10 @@ def fraction_budgets(n_tokens:int, # the prompt's length
     "Per-layer budgets whose bytes stay within `fraction` of the full cache's, none above its full: all of it spent."
     _check_real("fraction", fraction, 0.0, 1.0)
     if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
-    full = full_slots(_check_int("n_tokens", n_tokens, 1), windows)
-    price, extra = list(slot_bytes or [1.0] * len(full)), list(reserve or [0.0] * len(full))
-    floor, total = _fraction_total(n_tokens, fraction, full, price, extra, n_sink)
-    win = [i for i, w in enumerate(windows) if w is not None]
-    if window_budget is None or not win: return _share(full, price, total, floor)
-    return _window_split(full, price, total, floor, win, window_budget)
+    _check_int("n_tokens", n_tokens, 1)
+    budgets, why = _fraction_split(n_tokens, fraction, windows, n_sink, window_budget, slot_bytes, reserve)
+    if why: raise ValueError(why)
+    return budgets
 
 # %% ../nbs/04_coordinator.ipynb #19f89750
 def window_split_budgets(n_layers:int, # attention layers

@@ -5,18 +5,19 @@
 # %% ../nbs/04b_planner.ipynb #5f9b9713
 from __future__ import annotations
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace, fields
+from typing import NamedTuple
 from fastcore.basics import patch
 from typing import ClassVar
 from .allocators import _check_real, _check_int
-from .coordinator import (Schedule, PromptEndCoordinator, fraction_budgets, full_slots, slot_bytes,
-                                        residual_slots)
+from .coordinator import (Schedule, PromptEndCoordinator, full_slots, slot_bytes, residual_slots,
+                                        _fraction_split)
 from .costs import plan_price, slowest, device_costs
 
 # %% auto #0
 __all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'GLOBAL_EVICT', 'LOSSLESS', 'WINDOW_TRIM', 'plan_bytes', 'prices',
-           'plan_layers', 'plan_in_time', 'PlanCoordinator', 'KVPlan', 'squeeze_weights', 'pyramid_weights',
-           'WeightedFractionCoordinator', 'WeightedFraction']
+           'PlanSettings', 'plan_layers', 'plan_in_time', 'PlanCoordinator', 'KVPlan', 'squeeze_weights',
+           'pyramid_weights', 'WeightedFractionCoordinator', 'WeightedFraction']
 
 # %% ../nbs/04b_planner.ipynb #582621e6
 LADDER = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3), (3, 3))  # (windowed, global) bits, best first: measured (no 2 bits)
@@ -42,107 +43,151 @@ def prices(bits:list, # per-layer bits (None or 16: the model's dtype)
     res = [min(h, residual_slots(b, group_size, scheme), (h - slack) % group_size + slack) for b, h in zip(bits, held)]
     return price, [r * (1 - p) for r, p in zip(res, price)]
 
-# %% ../nbs/04b_planner.ipynb #37278a37
+# %% ../nbs/04b_planner.ipynb #050d6657
 WINDOW_STEPS = ("window", 256, 128, "even")  # sliding-window tokens tried, in order, once evicting
 GLOBAL_KEEP = 0.4  # a step is taken if the global layers keep this share of their tokens (else the last that fits)
 GLOBAL_EVICT = 0.15  # a lossless rung may evict this share of the global layers' tokens before a lossy rung is used
 LOSSLESS = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3))  # rungs measured within 0.5 % of the full cache's perplexity
 WINDOW_TRIM = 2  # groups a lossless rung may take from the largest window (and any as large) to keep global tokens
 
+# %% ../nbs/04b_planner.ipynb #82051b4b
+@dataclass(frozen=True)
+class PlanSettings:
+    "How `plan_layers` spends a share: everything but the prompt, the share and the layers."
+    n_sink:int = 4 # every layer keeps at least n_sink + 1 tokens
+    group_size:int = 64 # elements per scale and bias
+    scheme:str = "kivi" # the storage layout ("kivi" holds a residual)
+    ladder:tuple = LADDER # (windowed, global) bits, most precise first
+    window_budget:int|None = None # tokens per windowed layer once evicting (None: `WINDOW_STEPS`)
+    slack:int = 0 # tokens a choice leaves free (see `prices`)
+    max_evict:float = GLOBAL_EVICT # share of the global layers' tokens a rung may evict (0: no trim either)
+    window_trim:int = WINDOW_TRIM # groups a rung may take from the windows to keep the global tokens
+    def __post_init__(self):
+        for name, lo in (("n_sink", 0), ("group_size", 1), ("slack", 0), ("window_trim", 0)):
+            _check_int(name, getattr(self, name), lo)
+        if self.window_budget is not None: _check_int("window_budget", self.window_budget, 1)
+        _check_real("max_evict", self.max_evict, 0.0, 1.0)
+        if self.scheme not in ("kivi", "group", "mlx"):
+            raise ValueError(f"`scheme` must be one of ('kivi', 'group', 'mlx'), got {self.scheme!r}")
+
+def _settings(settings:PlanSettings|None, overrides:dict)->PlanSettings:
+    "`settings` (or the defaults) with `overrides`, checked; an unknown name is refused by name."
+    names = {f.name for f in fields(PlanSettings)}
+    if bad := sorted(set(overrides) - names):
+        raise TypeError(f"unknown plan settings {bad}: the fields are {sorted(names)}")
+    return replace(settings or PlanSettings(), **overrides)
+
+class _Ask(NamedTuple):
+    "What a plan is asked for: a prompt of `n_tokens`, a share of its bf16 bytes, the layers; what follows from them."
+    n_tokens:int
+    fraction:float
+    windows:list
+    full:list # each layer's full slots
+    glob:list # the global layers' indices
+    @property
+    def cap(self)->float: return self.fraction * sum(self.full)
+
+def _ask(n_tokens:int, fraction:float, windows:list)->_Ask:
+    "The question, checked once where it enters: a share in (0, 1], at least one token."
+    _check_real("fraction", fraction, 0.0, 1.0)
+    if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
+    full = full_slots(_check_int("n_tokens", n_tokens, 1), windows)
+    return _Ask(n_tokens, fraction, list(windows), full, [i for i, w in enumerate(windows) if w is None])
+
+# %% ../nbs/04b_planner.ipynb #5a293e92
 def _whole_groups(full, glob, group_size)->int:
     "The global layers' tokens in whole groups: what a plan keeps when it trims windows to spare them."
     return sum(full[i] - full[i] % group_size for i in glob)
 
-def _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack):
-    "Budgets at `bits` with the windowed layers at `step` tokens, the residual's reserve as tight as it can be."
-    full, cap = full_slots(n_tokens, windows), fraction * sum(full_slots(n_tokens, windows))
-    wins = [w for w in windows if w is not None]
+def _regroup(t, b, packs, bits, ask:_Ask, s:PlanSettings)->list:
+    "Round up, while the plan fits, the layers that rounding down cut most: no whole group of the share goes unspent."
+    t, g = list(t), s.group_size
+    while True:
+        can = [i for i, q in enumerate(packs) if q and t[i] - s.slack < b[i] and t[i] + g <= ask.full[i]]
+        for i in sorted(can, key=lambda i: (t[i] - b[i], i)):
+            if plan_bytes(bits, t[:i] + [t[i] + g] + t[i + 1:], g, s.scheme, s.slack) <= ask.cap + 1e-9:
+                t[i] += g
+                break
+        else: return t
+
+def _budgets_at(ask:_Ask, s:PlanSettings, bits:list, step)->list|None:
+    "Budgets at `bits`, the windowed layers at `step` tokens, the residual's reserve as tight as can be (None: no fit)."
+    wins, g = [w for w in ask.windows if w is not None], s.group_size
     wb = None if step == "even" or not wins else max(wins) if step == "window" else step
-    price, worst = prices(bits, [min(f, group_size - 1) for f in full], group_size, scheme, 0)  # at worst
+    price, worst = prices(bits, [min(f, g - 1) for f in ask.full], g, s.scheme, 0)  # at worst
     packs = [r > 0 for r in worst]
-    try:                # budgets of whole groups (plus the slack) leave a residual of `slack` tokens at most
-        small = [min(slack, f) * (1 - p) if q else 0.0 for p, q, f in zip(price, packs, full)]   # a layer holds <= f
-        b = fraction_budgets(n_tokens, fraction, windows, n_sink, wb, price, small)
-        g, s = group_size, slack
-        t = [g * ((x - s) // g) + s if q and g + s <= x else x for x, q in zip(b, packs)]
-        if plan_bytes(bits, t, group_size, scheme, slack) <= cap + 1e-9: return t
-    except ValueError: pass
-    return fraction_budgets(n_tokens, fraction, windows, n_sink, wb, price, worst)
+    split = lambda reserve: _fraction_split(ask.n_tokens, ask.fraction, ask.windows, s.n_sink, wb, price, reserve)[0]
+    b = split([min(s.slack, f) * (1 - p) if q else 0.0 for p, q, f in zip(price, packs, ask.full)])  # holds <= f
+    if b is not None:   # budgets of whole groups (plus the slack) leave a residual of `slack` tokens at most
+        t = [g * ((x - s.slack) // g) + s.slack if q and g + s.slack <= x else x for x, q in zip(b, packs)]
+        if plan_bytes(bits, t, g, s.scheme, s.slack) <= ask.cap + 1e-9: return _regroup(t, b, packs, bits, ask, s)
+    return split(worst)
 
-def _fill_windows(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, floor, slack):
+def _fill_windows(ask:_Ask, s:PlanSettings, bits:list, floor:int)->list|None:
     "Budgets with the largest windows (whole, then a group less at a time, above `floor`) that keep every global group."
-    full, glob = full_slots(n_tokens, windows), [i for i, w in enumerate(windows) if w is None]
-    wins = [w for w in windows if w is not None]
-    need = max(_whole_groups(full, glob, group_size), GLOBAL_KEEP * sum(full[i] for i in glob))
-    for wb in range(max(wins), floor, -group_size):
-        step = "window" if wb == max(wins) else wb
-        try: b = _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack)
-        except ValueError: continue
-        if sum(b[i] for i in glob) >= need: return b
+    wins = [w for w in ask.windows if w is not None]
+    need = max(_whole_groups(ask.full, ask.glob, s.group_size), GLOBAL_KEEP * sum(ask.full[i] for i in ask.glob))
+    for wb in range(max(wins), floor, -s.group_size):
+        b = _budgets_at(ask, s, bits, "window" if wb == max(wins) else wb)
+        if b is not None and sum(b[i] for i in ask.glob) >= need: return b
 
-def _evict_plan(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, steps, slack):
+def _evict_plan(ask:_Ask, s:PlanSettings, bits:list, steps:tuple)->list|None:
     "Budgets at `bits`: windows above the first numbered step only if every global group stays, then `steps`."
-    full, glob, best = full_slots(n_tokens, windows), [i for i, w in enumerate(windows) if w is None], None
-    floor = next((s for s in steps if isinstance(s, int)), None)
-    if steps[0] == "window" and floor is not None and glob and any(w is not None for w in windows):
-        best = _fill_windows(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, floor, slack)
+    floor, best = next((x for x in steps if isinstance(x, int)), None), None
+    if steps[0] == "window" and floor is not None and ask.glob and any(w is not None for w in ask.windows):
+        best = _fill_windows(ask, s, bits, floor)
         if best is not None: return best
         steps = steps[steps.index(floor):]                 # the whole window would cost global tokens: go lower
+    keep = GLOBAL_KEEP * sum(ask.full[i] for i in ask.glob)           # the global tokens a step should leave
     for step in steps:
-        try: best = _budgets_at(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, step, slack)
-        except ValueError: continue
-        if not glob or sum(best[i] for i in glob) >= GLOBAL_KEEP * sum(full[i] for i in glob): return best
+        b = _budgets_at(ask, s, bits, step)
+        best = b if b is not None else best
+        if b is not None and (not ask.glob or sum(b[i] for i in ask.glob) >= keep): return b
     return best
 
 # %% ../nbs/04b_planner.ipynb #876c19c3
+def _candidates(ask:_Ask, s:PlanSettings):
+    "Every plan `plan_layers` weighs, in the order it prefers them: (bits, budgets), each within the share."
+    g, widths = s.group_size, lambda r: [r[1] if w is None else r[0] for w in ask.windows]
+    keep = next((r for r in s.ladder if plan_bytes(widths(r), ask.full, g, s.scheme, s.slack) <= ask.cap + 1e-9), None)
+    if keep in LOSSLESS:                                                 # 1. every token, at a lossless width
+        yield widths(keep), ask.full
+        return
+    rungs = [r for r in s.ladder if r in LOSSLESS] if s.max_evict and ask.glob else []
+    wins = [w for w in ask.windows if w is not None]
+    trim = max(wins) - s.window_trim * g if wins and max(wins) > (s.window_trim + 1) * g else None
+    allowed = (1 - s.max_evict) * sum(ask.full[i] for i in ask.glob)      # the global tokens a rung must keep
+    whole = max(allowed, _whole_groups(ask.full, ask.glob, g))           # with trimmed windows: every whole group
+    tries = [(r, trim, whole) for r in rungs if s.window_trim and trim] + [(r, "window", allowed) for r in rungs]
+    for r, step, need in tries:     # 2. groups off the windows, then a few global tokens, before a lossy width
+        b = _budgets_at(ask, s, widths(r), step)
+        if b is not None and sum(b[i] for i in ask.glob) >= need: yield widths(r), b
+    if keep is not None: yield widths(keep), ask.full                    # 3. every token, at a lossy width
+    steps = WINDOW_STEPS if s.window_budget is None else (s.window_budget, "even")
+    for bits in ([widths(s.ladder[-1])] if s.ladder else []) + [[16] * len(ask.windows)]:
+        b = _evict_plan(ask, s, bits, steps)                             # 4. evict: the last rung, then unpacked
+        if b is not None: yield bits, b
+
 def plan_layers(n_tokens:int, # the prompt's length
                 fraction:float, # share of the full cache's bf16 bytes, in (0, 1]
                 windows:list, # per-layer sliding window, None for a global layer
-                n_sink:int=4, # every layer keeps at least n_sink + 1 tokens
-                group_size:int=64, # elements per scale and bias
-                scheme:str="kivi", # the storage layout ("kivi" holds a residual)
-                ladder:tuple=LADDER, # (windowed, global) bits, most precise first
-                window_budget:int|None=None, # tokens per windowed layer once evicting (None: `WINDOW_STEPS`)
-                slack:int=0, # tokens a choice leaves free (see `prices`)
-                max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict (0: no trim either)
-                window_trim:int=WINDOW_TRIM, # groups a rung may take from the windows to keep the global tokens
+                settings:PlanSettings|None=None, # how to spend the share (None: `PlanSettings()`)
+                **overrides, # any `PlanSettings` field, e.g. `slack=7`
                )->tuple:
     "(bits, budgets) per layer: the most precise rung that keeps (nearly) every token within the share, else evict."
-    _check_real("fraction", fraction, 0.0, 1.0)
-    if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
-    full, cap = full_slots(_check_int("n_tokens", n_tokens, 1), windows), fraction * sum(full_slots(n_tokens, windows))
-    _check_int("window_trim", window_trim, 0)
-    glob = [i for i, w in enumerate(windows) if w is None]
-    widths = lambda r: [r[1] if w is None else r[0] for w in windows]
-    keep = next((r for r in ladder if plan_bytes(widths(r), full, group_size, scheme, slack) <= cap + 1e-9), None)
-    if keep is not None and keep in LOSSLESS: return widths(keep), full
-    rungs = [r for r in ladder if r in LOSSLESS] if max_evict and glob else []
-    wins = [w for w in windows if w is not None]
-    trim = max(wins) - window_trim * group_size if wins and max(wins) > (window_trim + 1) * group_size else None
-    allowed = (1 - max_evict) * sum(full[i] for i in glob)                 # the global tokens a rung must keep
-    whole = max(allowed, _whole_groups(full, glob, group_size))          # with trimmed windows: every whole group
-    tries = [(r, trim, whole) for r in rungs if window_trim and trim] + [(r, "window", allowed) for r in rungs]
-    for r, step, need in tries:     # groups off the windows, then a few global tokens, before a lossy width
-        try: b = _budgets_at(n_tokens, fraction, windows, n_sink, widths(r), group_size, scheme, step, slack)
-        except ValueError: continue
-        if sum(b[i] for i in glob) >= need: return widths(r), b
-    if keep is not None: return widths(keep), full
-    bits = widths(ladder[-1]) if ladder else None
-    steps = WINDOW_STEPS if window_budget is None else (window_budget, "even")
-    for bits in ([bits] if ladder else []) + [[16] * len(windows)]:     # the last rung, then unpacked (no residual)
-        b = _evict_plan(n_tokens, fraction, windows, n_sink, bits, group_size, scheme, steps, slack)
-        if b is not None: return bits, b
-    fraction_budgets(n_tokens, fraction, windows, n_sink)               # raises the error that says why
+    ask, s = _ask(n_tokens, fraction, windows), _settings(settings, overrides)
+    plan = next(_candidates(ask, s), None)
+    if plan is None: raise ValueError(_fraction_split(n_tokens, fraction, windows, s.n_sink, None, None, None)[1] or
+                                      f"no plan of {s} fits `kv_fraction`={fraction} of this {n_tokens}-token prompt")
+    return plan
 
 # %% ../nbs/04b_planner.ipynb #adebee1a
-def _fitting_share(n_tokens, fraction, windows, costs, limit, ladder, kw)->tuple|None:
-    "The plan at the largest share up to `fraction` whose price is within `limit` (bisection), or None."
-    def plan(f):
-        try: return plan_layers(n_tokens, f, windows, ladder=ladder, **kw)
-        except ValueError: return None                         # a share too small for the layers' floors
-    p = plan(fraction)
+def _fitting_share(ask:_Ask, s:PlanSettings, costs:dict, limit:float)->tuple|None:
+    "The plan at the largest share up to the asked one whose price is within `limit` (bisection), or None."
+    plan = lambda f: next(_candidates(ask._replace(fraction=f), s), None)    # None: too small for the floors
+    p = plan(ask.fraction)
     if p is not None and plan_price(*p, costs) <= limit: return p
-    lo, hi, best = 0.0, fraction, None
+    lo, hi, best = 0.0, ask.fraction, None
     for _ in range(14):
         mid = (lo + hi) / 2
         p = plan(mid)
@@ -154,58 +199,50 @@ def plan_in_time(n_tokens:int, # the prompt's length
                  fraction:float, # share of the full cache's bf16 bytes, in (0, 1]
                  windows:list, # per-layer sliding window, None for a global layer
                  costs:dict|None, # width -> (fixed, per token) attention price (`device_costs`); None: bytes alone
-                 ladder:tuple=LADDER, # (windowed, global) bits, most precise first
-                 **kw, # the rest of `plan_layers`'s settings
+                 settings:PlanSettings|None=None, # how to spend the share (None: `PlanSettings()`)
+                 **overrides, # any `PlanSettings` field
                 )->tuple: # (bits, budgets, note): the note says why the plan differs from the byte plan, else None
     "The byte plan if its attention is no slower than the full cache's; else the fitting plan keeping most tokens."
-    plan = plan_layers(n_tokens, fraction, windows, ladder=ladder, **kw)
+    s = _settings(settings, overrides)
+    plan = plan_layers(n_tokens, fraction, windows, s)
     if costs is None: return (*plan, None)
-    costs = {w: (0.0, per) for w, (_, per) in costs.items()}         # what grows with the context (see above)
-    full = full_slots(n_tokens, windows)
-    limit = plan_price(["full"] * len(full), full, costs)
+    ask, costs = _ask(n_tokens, fraction, windows), {w: (0.0, per) for w, (_, per) in costs.items()}  # see above
+    limit = plan_price(["full"] * len(ask.full), ask.full, costs)
     if plan_price(*plan, costs) <= limit: return (*plan, None)
-    found, rungs, dropped = [], tuple(ladder), []
+    found, rungs = [], tuple(s.ladder)
     while True:
-        p = _fitting_share(n_tokens, fraction, windows, costs, limit, rungs, kw)
+        p = _fitting_share(ask, replace(s, ladder=rungs), costs, limit)
         if p is not None: found.append(p)
         if not rungs: break
         slow = slowest([b for r in rungs for b in r], costs)
-        dropped.append(slow)
         rungs = tuple(r for r in rungs if slow not in r)
     if not found: return (*plan, "no plan attends as fast as the full cache: the byte plan stands")
     best = max(found, key=lambda p: (sum(p[1]), -plan_price(*p, costs)))
     ratio = lambda p: plan_price(*p, costs) / limit
     return (*best, f"the byte plan's widths {sorted(set(plan[0]), reverse=True)} would attend {ratio(plan):.2f}x as "
                    f"long as the full cache on this device; planned {sorted(set(best[0]), reverse=True)} instead "
-                   f"({ratio(best):.2f}x, {sum(best[1])} of {sum(full)} tokens)")
+                   f"({ratio(best):.2f}x, {sum(best[1])} of {sum(ask.full)} tokens)")
 
 # %% ../nbs/04b_planner.ipynb #b0f92ee4
 class PlanCoordinator(PromptEndCoordinator):
-    "Sets every layer's bits and budget when the prompt ends, by `plan_layers`."
+    "Sets every layer's bits and budget when the prompt ends, by `plan_in_time`."
     def __init__(self, n_layers:int, # attention layers taking part
                  fraction:float, # share of the full cache's bf16 bytes
                  windows:list, # per-layer sliding window (None for a global layer)
-                 n_sink:int=4, # the floor is n_sink + 1
-                 group_size:int=64, # elements per scale and bias
-                 ladder:tuple=LADDER, # (windowed, global) bits, most precise first
-                 window_budget:int|None=None, # tokens per windowed layer once evicting (None: the window)
-                 slack:int=0, # tokens a choice leaves free (the layers' `slack`)
-                 max_evict:float=GLOBAL_EVICT, # share of the global layers' tokens a rung may evict
-                 window_trim:int=WINDOW_TRIM, # groups a rung may take from the windows to keep the global tokens
+                 settings:PlanSettings|None=None, # how to spend the share (None: `PlanSettings()`)
                  costs:str|dict|None="device", # attention prices (`plan_in_time`): "device" measured, None bytes alone
                 ):
-        super().__init__(n_layers, fraction, windows, n_sink, window_budget)
-        self.group_size, self.ladder, self.slack, self.max_evict, self.bits = group_size, ladder, slack, max_evict, None
-        self.window_trim, self.costs, self.time_note = window_trim, costs, None
+        self.settings = settings or PlanSettings()
+        super().__init__(n_layers, fraction, windows, self.settings.n_sink, self.settings.window_budget)
+        self.costs, self.bits, self.time_note = costs, None, None
 
     def prompt_ended(self, n_tokens:int):
         "The prompt is `n_tokens` long: every layer's width, then its budget (once per prompt)."
         if self._budgets is not None: return
-        kw = dict(n_sink=self.n_sink, group_size=self.group_size, scheme="kivi", window_budget=self.window_budget,
-                  slack=self.slack, max_evict=self.max_evict, window_trim=self.window_trim)
+        s = self.settings
         self.bits, self._budgets, self.time_note = plan_in_time(n_tokens, self.fraction, self.windows,
-                                                                self._prices(), self.ladder, **kw)
-        self.slot_bytes, self.reserve = prices(self.bits, self._budgets, self.group_size, "kivi", self.slack)
+                                                                self._prices(), s)
+        self.slot_bytes, self.reserve = prices(self.bits, self._budgets, s.group_size, s.scheme, s.slack)
         self.n_tokens = n_tokens
         for i, cache in self.layers.items():
             if hasattr(cache.store, "rebits"): cache.store.rebits(self.bits[i])        # float stores stay
@@ -238,10 +275,13 @@ class KVPlan(Schedule):
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
         if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
-        _check_int("window_trim", self.window_trim, 0)
+        self.settings(4)                                   # every setting checked where it is given
+    def settings(self, n_sink:int)->PlanSettings:
+        "The planner's settings for layers that keep `n_sink` sinks."
+        return PlanSettings(n_sink, self.kv_group_size, "kivi", self.ladder, self.window_budget, self.slack,
+                            self.max_evict, self.window_trim)
     def plan(self, n_layers, avg_budget, n_sink, caps):
-        return PlanCoordinator(n_layers, self.fraction, caps, n_sink, self.kv_group_size, self.ladder,
-                               self.window_budget, self.slack, self.max_evict, self.window_trim, self.costs)
+        return PlanCoordinator(n_layers, self.fraction, caps, self.settings(n_sink), self.costs)
 
 # %% ../nbs/04b_planner.ipynb #0fdfc248
 from .allocators import allocate_exact

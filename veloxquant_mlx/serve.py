@@ -13,7 +13,7 @@ import mlx_lm.server as mlx_server
 from mlx_lm.models.cache import LRUPromptCache
 from .builder import KVCacheBuilder, _base_caches, _attention_slots
 from .cache import EvictingCache
-from .coordinator import fraction_budgets
+from .coordinator import fraction_shortfall
 
 # %% auto #0
 __all__ = ['ROLES', 'REQUEST_FIELDS', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider',
@@ -179,10 +179,9 @@ def check_prompt(n_tokens:int, # the prompt's length in the model's tokens
         raise RequestError(400, f"the prompt is {n_tokens} tokens, longer than this server's limit of "
                                 f"{limits.max_prompt_tokens} tokens")
     if config.kv_fraction is None or not config.entry.budgeted: return
-    try: fraction_budgets(n_tokens, config.kv_fraction, windows, config.n_sink, config.window_budget)
-    except ValueError as e:
-        raise RequestError(400, f"the prompt is {n_tokens} tokens, too short for this server's cache configuration "
-                                f"{config.label}: {e}") from None
+    why = fraction_shortfall(n_tokens, config.kv_fraction, windows, config.n_sink, config.window_budget)
+    if why: raise RequestError(400, f"the prompt is {n_tokens} tokens, too short for this server's cache "
+                                    f"configuration {config.label}: {why}")
 
 # %% ../nbs/07a_serve.ipynb #a7a00071
 REQUEST_FIELDS = {"method": str, "budget": int, "kv_fraction": float}  # what a request may choose, and its type

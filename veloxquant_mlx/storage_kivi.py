@@ -18,6 +18,18 @@ __all__ = ['KiviStorage']
 class KiviStorage(QuantizedStorage):
     "KIVI: keys per channel in groups of tokens, values per token, the newest tokens in full precision."
     scheme = "kivi"
+    rotate = False # values through an orthonormal Hadamard transform before they are quantized (undone on the way out)
+
+# %% ../nbs/03a2_kivi_storage.ipynb #95193412
+@patch
+def _rot(self:KiviStorage, v:mx.array)->mx.array:
+    "`v` rotated along its last axis when `rotate` (the orthonormal Hadamard transform is its own inverse), else `v`."
+    return mx.hadamard_transform(v, scale=1 / math.sqrt(v.shape[-1])) if self.rotate else v
+
+@patch
+def _quantize_values(self:KiviStorage, v:mx.array)->tuple:
+    "Value rows `[..., Dv]` quantized per token (rotated first when `rotate`)."
+    return quantize_groups(self._rot(v), self.bits, self.group_size)
 
 # %% ../nbs/03a2_kivi_storage.ipynb #86be4eaf
 @patch
@@ -41,7 +53,9 @@ def _prefix_keys(self:KiviStorage)->mx.array:
     return dequantize_groups(*self.kp, self.bits, self.group_size).swapaxes(-1, -2)
 
 @patch
-def _prefix_values(self:KiviStorage)->mx.array: return dequantize_groups(*self.vp, self.bits, self.group_size)
+def _prefix_values(self:KiviStorage)->mx.array:
+    "The prefix values dequantized (rotated back when `rotate`), `[B, H, P, Dv]`."
+    return self._rot(dequantize_groups(*self.vp, self.bits, self.group_size))
 
 # %% ../nbs/03a2_kivi_storage.ipynb #st000038
 @patch
@@ -71,7 +85,7 @@ def settle(self:KiviStorage):
     n = 0 if self.bits == 16 else G * (self.kr.shape[2] // G)                  # 16: held unpacked, all residual
     if not n: return
     kt = self.kr[:, :, :n].swapaxes(-1, -2)                                     # [B, H, D, n]
-    k_new, v_new = quantize_groups(kt, self.bits, G), quantize_groups(self.vr[:, :, :n], self.bits, G)
+    k_new, v_new = quantize_groups(kt, self.bits, G), self._quantize_values(self.vr[:, :, :n])
     if self.kp is None: self.kp, self.vp = k_new, v_new
     else:
         self.kp = tuple(mx.concatenate([a, b], axis=3) for a, b in zip(self.kp, k_new))
@@ -102,7 +116,7 @@ def mix(self:KiviStorage, w, values):
     vq, vs, vb, vr = values
     P = 0 if vq is None else vq.shape[2]
     out = w[..., P:] @ (vr if vr.dtype == mx.float32 else vr.astype(mx.float32))[:, :, None]
-    return out if vq is None else out + self._qmm(w[..., :P], vq, vs, vb, transpose=False)
+    return out if vq is None else out + self._rot(self._qmm(w[..., :P], vq, vs, vb, transpose=False))
 
 # %% ../nbs/03a2_kivi_storage.ipynb #16521ba1
 def _widened(ks, kb, # each group's scales and biases [B, H, D, n]
@@ -142,7 +156,7 @@ def _fill(self:KiviStorage, hole, fk, fv):
     self.kp = self._refill_keys(*self.kp, hole, fk)
     vq, vs, vb = self.vp
     B, H, P, _ = vq.shape
-    pv, sv, bv = quantize_groups(mx.broadcast_to(fv, (B, H, P, fv.shape[3])), self.bits, self.group_size)
+    pv, sv, bv = self._quantize_values(mx.broadcast_to(fv, (B, H, P, fv.shape[3])))
     hv = hole[..., None]
     self.vp = (mx.where(hv, pv, vq), mx.where(hv, sv, vs), mx.where(hv, bv, vb))
 
@@ -171,7 +185,7 @@ def _fill_row(self:KiviStorage, victim, in_q, fv):
     def row(a, new):
         at = mx.broadcast_to(slot, new.shape)
         return mx.put_along_axis(a, at, mx.where(keep_old, mx.take_along_axis(a, at, axis=2), new), axis=2)
-    self.vp = tuple(row(a, n) for a, n in zip(self.vp, quantize_groups(fv, self.bits, self.group_size)))
+    self.vp = tuple(row(a, n) for a, n in zip(self.vp, self._quantize_values(fv)))
 
 # %% ../nbs/03a2_kivi_storage.ipynb #e2fc4c5a
 def _replace_order(victim, # [B, H]: each row's victim slot
@@ -234,7 +248,7 @@ def _fill_holes(self:KiviStorage, hole, src):
     real = mx.take_along_axis(hole, at, axis=2)                                  # which of them are holes
     fill = lambda a, s: mx.take_along_axis(a, mx.clip(s - P, 0, r - 1).astype(mx.int32)[..., None], axis=2)
     row = lambda a: mx.take_along_axis(a, at[..., None], axis=2)                 # [B, H, R, *] value rows
-    new = quantize_groups(fill(self.vr, mx.take_along_axis(src, at, axis=2)), self.bits, G)
+    new = self._quantize_values(fill(self.vr, mx.take_along_axis(src, at, axis=2)))
     self.vp = tuple(mx.put_along_axis(a, at[..., None], mx.where(real[..., None], n, row(a)), axis=2)
                     for a, n in zip(self.vp, new))
     kq, ks, kb = self.kp
@@ -330,6 +344,7 @@ def set_state(self:KiviStorage, keys, values, meta:dict|None=None):
     vq, vs, vb, self.vr = values
     self.kp, self.vp = (None, None) if kq is None else ((kq, ks, kb), (vq, vs, vb))
     self.P, self.repacks = (meta or {}).get("prefix", 0), (meta or {}).get("repacks", 0)
+    if meta is not None: self.rotate = meta.get("rotate", False)
     held = 0 if kq is None else ks.shape[3] * self.group_size
     if held != self.P or (kq is not None and vq.shape[2] != self.P):
         raise ValueError(f"KIVI state says prefix={self.P} but its arrays hold {held} quantized slots")
@@ -351,7 +366,8 @@ def check_count(self:KiviStorage, count:int):
 @patch
 def meta(self:KiviStorage)->dict:
     "The format and the prefix length, for a saved state."
-    return dict(scheme=self.scheme, bits=self.bits, group_size=self.group_size, prefix=self.P, repacks=self.repacks)
+    return dict(scheme=self.scheme, bits=self.bits, group_size=self.group_size, prefix=self.P, repacks=self.repacks,
+                **({"rotate": True} if self.rotate else {}))
 
 @patch
 def slot_lengths(self:KiviStorage)->tuple:
