@@ -187,6 +187,21 @@ def _fill_row(self:KiviStorage, victim, in_q, fv):
         return mx.put_along_axis(a, at, mx.where(keep_old, mx.take_along_axis(a, at, axis=2), new), axis=2)
     self.vp = tuple(row(a, n) for a, n in zip(self.vp, self._quantize_values(fv)))
 
+# %% ../nbs/03a2_kivi_storage.ipynb #1c545543
+def _compiled(method):
+    "`method` of a KIVI storage (a refill of `kp`, `vp` from the residual) as one compiled graph of the arrays."
+    def pure(kp, vp, kr, vr, args, bits, group_size, rotate):
+        st = KiviStorage(bits, group_size)                                      # a storage of the same format
+        st.rotate, st.kp, st.vp, st.kr, st.vr, st.P = rotate, kp, vp, kr, vr, vp[0].shape[2]
+        method(st, *args)
+        return st.kp, st.vp
+    fast = mx.compile(pure)
+    def run(self:KiviStorage, *args):
+        self.kp, self.vp = fast(self.kp, self.vp, self.kr, self.vr, args, self.bits, self.group_size, self.rotate)
+    return run
+
+KiviStorage._fill_one_fast = _compiled(KiviStorage._fill_one)
+
 # %% ../nbs/03a2_kivi_storage.ipynb #e2fc4c5a
 def _replace_order(victim, # [B, H]: each row's victim slot
                    P:int, r:int, # the prefix and residual lengths
@@ -210,7 +225,7 @@ def replace(self:KiviStorage, victim, keys, values):
     in_q = victim < P                                                           # [B, H]
     order = _replace_order(victim, P, r)
     fk, fv = mx.concatenate([self.kr, keys], axis=2), mx.concatenate([self.vr, values], axis=2)
-    self._fill_one(victim, in_q, fk[:, :, :1], fv[:, :, :1])
+    self._fill_one_fast(victim, in_q, fk[:, :, :1], fv[:, :, :1])
     rel = (order[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(fk, rel, axis=2), mx.take_along_axis(fv, rel, axis=2)
     return order
@@ -264,6 +279,9 @@ def _fill_holes(self:KiviStorage, hole, src):
                                           n.reshape(B, H, D, R, -1), axis=3)
     self.kp = tuple(back(a, n).reshape(o.shape) for a, n, o in zip(by_group, out, self.kp))
 
+# %% ../nbs/03a2_kivi_storage.ipynb #7b168c02
+KiviStorage._fill_holes_fast = _compiled(KiviStorage._fill_holes)   # a decoding choice's refill, compiled
+
 # %% ../nbs/03a2_kivi_storage.ipynb #8fcae342
 @patch
 def keep(self:KiviStorage, idx, count:int):
@@ -276,7 +294,7 @@ def keep(self:KiviStorage, idx, count:int):
         return idx
     if r == 0: return idx                                                       # n == P == count: nothing moves
     hole, src, order = _keep_order(idx, P, count)
-    self._fill_holes(hole, src)
+    self._fill_holes_fast(hole, src)
     rest = (idx[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(self.kr, rest, axis=2), mx.take_along_axis(self.vr, rest, axis=2)
     return order

@@ -119,7 +119,7 @@ NAMES = {"smollm2": "SmolLM2-135M", "gemma3": "Gemma 3 270M"}
 
 def speed_headline(res:dict, # a run's `results`
                    kinds:tuple=("default@0.25", "default@0.125"), # the rows to describe
-                   before:str="bytes-plan@0.25", # the row it replaced
+                   before:str="slack63@0.125", # the row it replaced (the previous round's default)
                   )->str:
     "Per model and context: each kind's decode speed and prefill time against the full cache's."
     rows, out = speed_rows(res), []
@@ -128,7 +128,7 @@ def speed_headline(res:dict, # a run's `results`
         for n in sorted({r["context"] for r in rows if r["model"] == m}):
             cell = {r["kind"]: r for r in rows if r["model"] == m and r["context"] == n}
             got = [f"{cell[k]['speed']:.2f}x at {k.split('@')[1]}" for k in kinds if k in cell]
-            was = f" (before: {cell[before]['speed']:.2f}x)" if before in cell else ""
+            was = f" (before: {cell[before]['speed']:.2f}x at {before.split('@')[1]})" if before in cell else ""
             pre = f", prefill {cell[kinds[0]]['prefill']:.2f}x the full cache's time" if kinds[0] in cell else ""
             parts.append(f"{n:,} tokens: " + ", ".join(got) + was + pre)
         out.append(f"{NAMES.get(m, m)}: " + "; ".join(parts))
