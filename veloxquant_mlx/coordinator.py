@@ -315,11 +315,10 @@ def _shortfall(n_tokens:int, fraction:float, full:list, price:list, extra:list, 
 def _fraction_split(n_tokens:int, fraction:float, windows:list, n_sink:int, window_budget:int|None,
                     slot_bytes:list|None, reserve:list|None)->tuple:
     "(budgets, None), or (None, why) where the share cannot give every layer its floor: unchecked arguments."
-    why = fraction_shortfall(n_tokens, fraction, windows, n_sink, window_budget, slot_bytes, reserve)
-    if why: return None, why
     full = full_slots(n_tokens, windows)
     price, extra = list(slot_bytes or [1.0] * len(full)), list(reserve or [0.0] * len(full))
     win = [i for i, w in enumerate(windows) if w is not None]
+    if why := _shortfall(n_tokens, fraction, full, price, extra, n_sink, win, window_budget): return None, why
     floor, total = _fraction_total(full, price, extra, n_sink, fraction)
     if window_budget is None or not win: return _share(full, price, total, floor), None
     return _window_split(full, price, total, floor, win, window_budget), None

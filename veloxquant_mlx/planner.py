@@ -11,7 +11,7 @@ from fastcore.basics import patch
 from typing import ClassVar
 from .allocators import _check_real, _check_int
 from .coordinator import (Schedule, PromptEndCoordinator, full_slots, slot_bytes, residual_slots,
-                                        _fraction_split)
+                                        _fraction_split, fraction_shortfall)
 from .costs import plan_price, slowest, device_costs
 
 # %% auto #0
@@ -175,10 +175,14 @@ def plan_layers(n_tokens:int, # the prompt's length
                 **overrides, # any `PlanSettings` field, e.g. `slack=7`
                )->tuple:
     "(bits, budgets) per layer: the most precise rung that keeps (nearly) every token within the share, else evict."
-    ask, s = _ask(n_tokens, fraction, windows), _settings(settings, overrides)
+    return _plan(_ask(n_tokens, fraction, windows), _settings(settings, overrides))
+
+def _plan(ask:_Ask, s:PlanSettings)->tuple:
+    "The first candidate, or the error that says why none fits."
     plan = next(_candidates(ask, s), None)
-    if plan is None: raise ValueError(_fraction_split(n_tokens, fraction, windows, s.n_sink, None, None, None)[1] or
-                                      f"no plan of {s} fits `kv_fraction`={fraction} of this {n_tokens}-token prompt")
+    if plan is None:
+        raise ValueError(fraction_shortfall(ask.n_tokens, ask.fraction, ask.windows, s.n_sink) or
+                         f"no plan of {s} fits `kv_fraction`={ask.fraction} of this {ask.n_tokens}-token prompt")
     return plan
 
 # %% ../nbs/04b_planner.ipynb #adebee1a
@@ -203,10 +207,10 @@ def plan_in_time(n_tokens:int, # the prompt's length
                  **overrides, # any `PlanSettings` field
                 )->tuple: # (bits, budgets, note): the note says why the plan differs from the byte plan, else None
     "The byte plan if its attention is no slower than the full cache's; else the fitting plan keeping most tokens."
-    s = _settings(settings, overrides)
-    plan = plan_layers(n_tokens, fraction, windows, s)
+    ask, s = _ask(n_tokens, fraction, windows), _settings(settings, overrides)     # checked once, here
+    plan = _plan(ask, s)
     if costs is None: return (*plan, None)
-    ask, costs = _ask(n_tokens, fraction, windows), {w: (0.0, per) for w, (_, per) in costs.items()}  # see above
+    costs = {w: (0.0, per) for w, (_, per) in costs.items()}         # what grows with the context (see above)
     limit = plan_price(["full"] * len(ask.full), ask.full, costs)
     if plan_price(*plan, costs) <= limit: return (*plan, None)
     found, rungs = [], tuple(s.ladder)

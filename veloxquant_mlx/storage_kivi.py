@@ -255,7 +255,7 @@ def _keep_order(idx, # [B, H, n]: the kept slots, ascending, n >= P
 # %% ../nbs/03a2_kivi_storage.ipynb #36adb6e9
 @patch
 def _fill_holes(self:KiviStorage, hole, src):
-    "The whole-prefix refill for the `r` holes at most a choice leaves: `hole` `[B, H, P]`, each one's residual `src`."
+    "The hole-local refill for the `r` holes at most a choice leaves: `hole` `[B, H, P]`, each one's residual `src`."
     G, (B, H, P), r = self.group_size, hole.shape, self.kr.shape[2]
     R = min(r, P)
     rank = mx.where(hole, 0, P) + mx.arange(P, dtype=mx.int32)                  # holes first, in slot order
