@@ -165,30 +165,45 @@ def test_default_packs_and_keeps_every_invariant_while_decoding(arch, hd, f, n, 
 # ------------------------------------------------------------------------------------- 2. the default's batch path
 BATCH_PROMPTS = [ids(n, s) for s, n in enumerate((300, 170, 450))]
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch,grow", [("llama", False), ("gemma3", False), ("llama", True)])
 @pytest.mark.parametrize("costs", ["bytes"], indirect=True)
-def test_default_batch_rows_equal_alone_across_a_batched_eviction(arch, costs):
+def test_default_batch_rows_equal_alone_across_a_batched_eviction(arch, grow, costs):
     # Catches: a batch row diverging from the same prompt alone under the default (the packed rows' row-by-row
     # decoding, a late joiner's plan or prefill, a row's span of a padded chunk, rows sharing one plan, a batched
     # eviction inside a batch); any batch layer over budget or with duplicate / future positions at any step; an
-    # extracted row whose width, packed prefix or kept positions differ from the row alone. (The default's layers are
-    # all KIVI storage, even at 16 bits, so a batch steps them row by row: the vectorised step is never used here.)
-    mdl, cfg, T = model(arch), recommended_config(0.25), 72
+    # extracted row whose width, packed prefix or kept positions differ from the row alone; the stacked KIVI step
+    # (`batch_kivi`) never taken, or wrong: its rows write, pack a group, attend, leave (a row finishes early) and
+    # choose alone here. The default's full layers never pack while decoding (a choice keeps its packed prefix, and
+    # budget < prefix + a group); `grow` runs 4-bit KIVI at a budget of 600, so its rows (all under it) pack groups in place.
+    mdl, cfg, T = model(arch), recommended_config(0.25), [72, 40, 72]
+    if grow: cfg = KVCacheConfig.for_method("chunkkv", 600, kv_bits=4, kv_group_size=64)
     alone_caches = [KVCacheBuilder.for_model(mdl, cfg) for _ in BATCH_PROMPTS]
-    alone = [greedy_alone(mdl, p, c, T, 64) for p, c in zip(BATCH_PROMPTS, alone_caches)]
+    alone = [greedy_alone(mdl, p, c, t, 64) for p, c, t in zip(BATCH_PROMPTS, alone_caches, T)]
     assert any(packed(c) or any(getattr(x.store, "repacks", 0) for x in c) for c in alone_caches)   # packed
     evicted = [[x.spec.slack > 1 and x.count < x.budget - 1 for x in c] for c in alone_caches]
-    assert any(map(any, evicted))                                   # a batched eviction happened within T steps
+    assert grow or any(map(any, evicted))                           # a batched eviction happened within T steps
+    stacked, prefixes = [], {}
     def check(gen):
         for b in (gen._prompt_batch, gen._generation_batch):
             for layer in b.prompt_cache:
                 if hasattr(layer, "rows"): check_batch_layer(layer)
+                if getattr(layer, "_kivi", None) is not None:
+                    stacked.append(len(layer.rows))
+                    prefixes.setdefault(id(layer._kivi), (layer._kivi, set()))[1].add(tuple(layer._kivi.P))
     got, extracted = greedy_batched(mdl, BATCH_PROMPTS, [KVCacheBuilder.for_model(mdl, cfg) for _ in BATCH_PROMPTS],
                                     T, arrivals=[0, 0, 3], prefill_step_size=64, on_step=check)
     assert got == alone
+    assert max(stacked) == 3 and 2 in stacked, set(stacked)   # the stacked KIVI step ran, with 3 rows and after one left
+    if grow: assert any(len(p) > 1 for _, p in prefixes.values())      # a stacked row packed a group (its prefix grew)
     facts = lambda c: (c.offset, c.count, c.budget, c.store.bits, getattr(c.store, "P", None),
                        [sorted(h) for h in c.positions[0, :, :c.count].tolist()])
     for ex, al in zip(extracted, alone_caches): assert [facts(c) for c in ex] == [facts(c) for c in al]
+    for ex, al in zip(extracted, alone_caches):                      # the same keys and values, slot by slot
+        for a, b in zip(ex, al):
+            for rows in ("key_rows", "value_rows"):
+                x, y = (getattr(c.store, rows)(0, c.count).astype(mx.float32) for c in (a, b))
+                err = (mx.linalg.norm(x - y) / mx.linalg.norm(y)).item()
+                assert err < 1e-3, (rows, a.spec.layer_idx, err)
 
 # -------------------------------------------------------------------------------------------------- 3. save / load
 @pytest.mark.parametrize("arch,f,n", [("llama", 0.125, 700), ("gemma3", 0.25, 500)])

@@ -11,6 +11,8 @@ from fastcore.basics import patch
 from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
 from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed, hand_over,
                                   take_back, advance, chooses_next, steady, held_arrays, copy_layer)
+from .batch_kivi import (kivi_stackable, kivi_stack, kivi_row, kivi_take, kivi_write,
+                                       kivi_attention_with_mass, kivi_weights, kivi_settle, kivi_put)
 
 # %% auto #0
 __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
@@ -71,6 +73,8 @@ class BatchEvictingCache(_BaseCache):
         self._todo = self._skip = None   # per row: real tokens still to come (right padding), padding to skip (left)
         self._spans = self._fwd = None   # this pass: (first column, tokens) per row, and what each row returned
         self._step = None                # a vectorised step's (query positions, full rows), from update to attention
+        self._kivi = None                # KIVI rows stacked (`KiviRows`): the packed keys and values are there
+        self._alone = None               # a stacked step's rows that choose alone: row -> what its layer returned
 
 # %% ../nbs/03b_batch.ipynb #637182d3
 @patch
@@ -127,6 +131,7 @@ def offset(self:BatchEvictingCache):
 @patch(as_prop=True)
 def nbytes(self:BatchEvictingCache)->int:
     "Bytes of the stored keys and values (packed buffers include their empty slots)."
+    if self._kivi is not None: return self._kivi.nbytes
     if self._packed is not None: return self._packed[0].nbytes + self._packed[1].nbytes
     return sum(r.nbytes for r in self.rows)
 
@@ -134,7 +139,9 @@ def nbytes(self:BatchEvictingCache)->int:
 @patch(as_prop=True)
 def state(self:BatchEvictingCache)->list:
     "The arrays to evaluate (mlx-lm's `mx.eval([c.state ...])`); `extract` a row to save it."
-    if self._packed is not None: return [a for a in (*self._packed, *(self._obs or [])[:2]) if isinstance(a, mx.array)]
+    if self._packed is not None:
+        return [a for a in (*self._packed, *(self._obs or [])[:2], *(self._kivi.arrays() if self._kivi else []))
+                if isinstance(a, mx.array)]
     return [a for r in self.rows for a in held_arrays(r)]
 
 @patch(set_prop=True)
@@ -223,13 +230,17 @@ def _rows_attention(self:BatchEvictingCache, queries, scale, sinks, v_dim:int, d
 # %% ../nbs/03b_batch.ipynb #b3b0001a
 @patch
 def _fast_ok(self:BatchEvictingCache, N:int)->bool:
-    "True when this pass can be one vectorised decoding step (every row steady, float-held, and decoding alike)."
+    "True when this pass can be one vectorised decoding step (every row steady, held alike, and decoding alike)."
     if not self.fast or N != 1 or self._skip is not None or self._todo is not None or not self.rows: return False
+    if self._kivi is not None: return True                     # stacked KIVI rows: a full one chooses alone
     if self._packed is not None: return not any(chooses_next(r) for r in self.rows)   # a full row with slack chooses
     r0 = self.rows[0]
-    return all(not r.empty() and isinstance(r.store, HeldArrays) and steady(r) and type(r.policy) is type(r0.policy)
-               and r.spec.window == r0.spec.window and r.spec.n_sink == r0.spec.n_sink
-               for r in self.rows)   # quantized: row by row
+    alike = lambda r: (not r.empty() and type(r.policy) is type(r0.policy) and r.spec.window == r0.spec.window
+                       and r.spec.n_sink == r0.spec.n_sink)
+    if all(alike(r) and steady(r) for r in self.rows) and all(isinstance(r.store, HeldArrays) for r in self.rows):
+        return True
+    return (all(alike(r) and steady(r, full=True) for r in self.rows) and not r0.policy.evict_after
+            and kivi_stackable([r.store for r in self.rows]) and any(r.count < r.budget for r in self.rows))
 
 # %% ../nbs/03b_batch.ipynb #9bf3a1c1
 @patch
@@ -284,10 +295,23 @@ def _pack_obs(self:BatchEvictingCache, obs:list, w:int)->list:
 def _pack(self:BatchEvictingCache):
     "Move the rows' arrays into batched buffers (row b in slots [0, count_b)); the rows keep only their metadata."
     rows, e = self.rows, self._extra()
+    if not isinstance(rows[0].store, HeldArrays): return self._pack_kivi()
     L = min(max(r.budget + e for r in rows), self._width_needed())
     given = [hand_over(r) for r in rows]
     per = [self._pad_to(held, L) for held, _ in given]
     self._packed = tuple(mx.concatenate([p[i] for p in per], axis=0) for i in range(4))
+    w = max(r.policy.obs_window for r in rows)
+    self._obs = self._pack_obs([obs for _, obs in given], w) if w else None
+
+# %% ../nbs/03b_batch.ipynb #f60ecb1a
+@patch
+def _pack_kivi(self:BatchEvictingCache):
+    "KIVI rows stacked (`kivi_stack`): prefixes and residuals padded to one length; the rows keep their metadata."
+    rows = self.rows
+    self._kivi, P, S = kivi_stack([r.store for r in rows], [r.positions[:, :, :r.count] for r in rows],
+                                  [r._scores[:, :, :r.count] for r in rows])
+    given = [hand_over(r) for r in rows]
+    self._packed = (None, None, P, S)
     w = max(r.policy.obs_window for r in rows)
     self._obs = self._pack_obs([obs for _, obs in given], w) if w else None
 
@@ -302,16 +326,19 @@ def _obs_row(self:BatchEvictingCache, b:int):
     return (mx.contiguous(Q[b:b + 1, :, Q.shape[2] - n:]), QP[b, QP.shape[1] - n:], scale)
 
 @patch
-def _row_arrays(self:BatchEvictingCache, b:int)->tuple:
-    "Row b's (keys, values, positions, scores) out of the packed buffers, as its own arrays."
-    return tuple(mx.contiguous(a[b:b + 1, :, :self.rows[b].count]) for a in self._packed)
+def _give_back(self:BatchEvictingCache, b:int, row:EvictingCache):
+    "Row b's arrays out of the packed buffers into `row` (its own arrays, its remembered queries)."
+    if self._kivi is not None:
+        k, v, meta, P, S = kivi_row(self._kivi, b, *self._packed[2:])
+        return take_back(row, (k, v, P, S), self._obs_row(b), meta)
+    take_back(row, tuple(mx.contiguous(a[b:b + 1, :, :self.rows[b].count]) for a in self._packed), self._obs_row(b))
 
 # %% ../nbs/03b_batch.ipynb #3e290cc6
 @patch
 def _unpack(self:BatchEvictingCache):
     "Give every row its arrays back (before a row-by-row pass)."
-    for b, r in enumerate(self.rows): take_back(r, self._row_arrays(b), self._obs_row(b))
-    self._packed = self._obs = None
+    for b, r in enumerate(self.rows): self._give_back(b, r)
+    self._packed = self._obs = self._kivi = None
 
 @patch
 def _ensure_width(self:BatchEvictingCache):
@@ -327,6 +354,7 @@ def _ensure_width(self:BatchEvictingCache):
 def _fast_update(self:BatchEvictingCache, keys, values):
     "One token per row, all rows at once: `decode_step` with B = n; returns the packed buffers every row attends over."
     if self._packed is None: self._pack()
+    if self._kivi is not None: return self._kivi_update(keys, values)
     self._ensure_width()
     K, V, P, S = self._packed
     rows, p, r0 = self.rows, self.rows[0].policy, self.rows[0]
@@ -340,12 +368,33 @@ def _fast_update(self:BatchEvictingCache, keys, values):
     self._packed, self._step = (held.keys, held.values, P, S), (start, [not x for x in room])
     return held.keys, held.values
 
+# %% ../nbs/03b_batch.ipynb #ede60732
+@patch
+def _kivi_update(self:BatchEvictingCache, keys, values):
+    "The KIVI rows' step: each newcomer into its residual (`kivi_write`); the policy sees the keys; the stacked view."
+    _, _, P, S = self._packed
+    rows, p, window = self.rows, self.rows[0].policy, self.rows[0].spec.window
+    self._alone = {b: None for b, r in enumerate(rows) if r.count >= r.budget}   # full: they choose alone
+    for b in self._alone:
+        self._give_back(b, rows[b])
+        self._alone[b] = rows[b].update_and_fetch(keys[b:b + 1], values[b:b + 1])
+    start = mx.array([r.offset for r in rows], mx.int32)
+    P, S = kivi_write(self._kivi, keys, values, P, S, start)         # (rows alone: written over when they are back)
+    key_mass = lambda: kivi_weights(self._kivi, keys, self._kivi.view()[0], P, start, keys.shape[-1] ** -0.5,
+                                    window).sum(axis=(2, 3))
+    S = p.on_keys(S, key_mass, None)
+    for b, r in enumerate(rows):
+        if b not in self._alone: advance(r, 1, True, False)   # (a row alone counted itself)
+    self._packed, self._step = (None, None, P, S), (start, [False] * len(rows))
+    return self._kivi.view()
+
 # %% ../nbs/03b_batch.ipynb #b3b00021
 @patch
 def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     "Every row's one-query attention over its held tokens; the policy's mass, TOVA's drop, the queries it remembers."
     (K, V, P, S), (start, full) = self._packed, self._step
     self._step = None
+    if self._kivi is not None: return self._kivi_attention(queries, P, S, start, scale, sinks)
     p, window = self.rows[0].policy, self.rows[0].spec.window
     got = {}                                              # the output, if the policy's mass brought it
     def mass():
@@ -357,6 +406,41 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     S = p.on_queries(S, mass, True)
     out = got["out"] if "out" in got else self._masked_attention(queries, K, V, P, start, scale, sinks)
     return self._after_attention(queries, out, (K, V, P, S), start, full, scale)
+
+# %% ../nbs/03b_batch.ipynb #9d65bf7a
+@patch
+def _kivi_attention(self:BatchEvictingCache, queries, P, S, start, scale:float, sinks):
+    "The KIVI rows' attention and mass (`kivi_attention_with_mass`); full residuals packed; the queries remembered."
+    if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
+    p, window, got = self.rows[0].policy, self.rows[0].spec.window, {}
+    def mass():
+        got["out"], m = kivi_attention_with_mass(self._kivi, queries, P, start, scale, window)
+        return m
+    S = p.on_queries(S, mass, True)
+    out = got["out"] if "out" in got else kivi_attention_with_mass(self._kivi, queries, P, start, scale, window)[0]
+    P, S = kivi_settle(self._kivi, P, S)
+    obs = self._roll_obs(queries, start, scale) if self._obs is not None else []
+    if self._alone: out, P, S = self._choose_alone(queries, out, P, S, scale, sinks)
+    if self._kivi is None: return out                              # a row alone could not go back: all rows hold theirs
+    self._packed = (None, None, P, S)
+    return mx.depends(out, [P, S, *self._kivi.arrays(), *obs])
+
+# %% ../nbs/03b_batch.ipynb #65faa57c
+@patch
+def _choose_alone(self:BatchEvictingCache, queries, out, P, S, scale:float, sinks)->tuple:
+    "The full rows' attention and choice as layers alone; their outputs in `out`; the rows back in the stacked arrays."
+    alone, self._alone, rows = self._alone, None, self.rows
+    own = {b: rows[b].attention(queries[b:b + 1], *kv, scale=scale, sinks=sinks) for b, kv in alone.items()}
+    out = mx.concatenate([own[b] if b in own else out[b:b + 1] for b in range(len(rows))])
+    if not kivi_stackable([rows[b].store for b in alone], self._kivi.fmt):
+        for b, r in enumerate(rows):
+            if b not in alone: self._give_back(b, r)
+        self._packed = self._obs = self._kivi = None
+        return out, None, None
+    held = lambda r: (r.positions[:, :, :r.count], r._scores[:, :, :r.count])
+    P, S = kivi_put(self._kivi, {b: rows[b].store for b in alone}, {b: held(rows[b]) for b in alone}, P, S)
+    for b in alone: hand_over(rows[b])                   # the stacked arrays hold it again (its queries: `_obs`)
+    return out, P, S
 
 # %% ../nbs/03b_batch.ipynb #089ea75e
 @patch
@@ -424,13 +508,15 @@ def filter(self:BatchEvictingCache, batch_indices): # the rows to keep, in order
     "Keep only the rows `batch_indices` (finished requests leave)."
     idx = [int(i) for i in batch_indices]
     self.rows = [self.rows[i] for i in idx]
-    if not idx: self._packed = self._obs = None
+    if not idx: self._packed = self._obs = self._kivi = None
     if self._packed is None: return
+    if self._kivi is not None: self._kivi = kivi_take(self._kivi, idx)
     ia = mx.array(idx, mx.int32)
-    self._packed = tuple(a[ia] for a in self._packed)
+    self._packed = tuple(None if a is None else a[ia] for a in self._packed)
     if self._obs is not None:
         Q, QP, n_obs, scale = self._obs
         self._obs = [None if Q is None else Q[ia], None if QP is None else QP[ia], [n_obs[i] for i in idx], scale]
+    if self._kivi is not None: return
     cap = max(r.budget + self._extra() for r in self.rows)
     if self._packed[0].shape[2] > cap: self._packed = tuple(a[:, :, :cap] for a in self._packed)
 
@@ -438,6 +524,7 @@ def filter(self:BatchEvictingCache, batch_indices): # the rows to keep, in order
 @patch
 def _alike(self:BatchEvictingCache, other:BatchEvictingCache)->bool:
     "True when two packed batches decode by the same rule (policy class, window, sinks)."
+    if self._kivi is not None or other._kivi is not None: return False          # KIVI rows re-stack at the next step
     a, b = self.rows[0], other.rows[0]
     return type(a.policy) is type(b.policy) and a.spec.window == b.spec.window and a.spec.n_sink == b.spec.n_sink
 
@@ -462,7 +549,7 @@ def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer o
         raise RuntimeError("extend() joins batches between passes, not while a padded prompt chunk is being read")
     if not other.rows: return
     if not self.rows:
-        self.rows, self._packed, self._obs = list(other.rows), other._packed, other._obs
+        self.rows, self._packed, self._obs, self._kivi = list(other.rows), other._packed, other._obs, other._kivi
         return
     if self._packed is not None and other._packed is not None and self._alike(other):
         self._stack(other)
@@ -476,7 +563,7 @@ def extend(self:BatchEvictingCache, other:BatchEvictingCache): # a batch layer o
 def extract(self:BatchEvictingCache, idx:int)->EvictingCache:
     "Row `idx` as an independent one-sequence layer (to save, resume, or store for prompt reuse)."
     row = clone_row(self.rows[idx])
-    if self._packed is not None: take_back(row, self._row_arrays(idx), self._obs_row(idx))
+    if self._packed is not None: self._give_back(idx, row)
     return row
 
 # %% ../nbs/03b_batch.ipynb #b3b0002a
@@ -534,6 +621,11 @@ def check_batch_layer(layer:BatchEvictingCache):
     for b, r in enumerate(layer.rows):
         P = layer._packed[2][b] if layer._packed is not None else (r.positions[0] if r.positions is not None else None)
         if P is None: continue
+        if layer._kivi is not None:                        # stacked KIVI rows: the held slots first, then the padding
+            k = layer._kivi
+            at = mx.array(list(range(k.P[b])) + list(range(k.Pc, k.Pc + k.R[b])) +
+                          [j for j in range(P.shape[1]) if not (j < k.P[b] or k.Pc <= j < k.Pc + k.R[b])], mx.int32)
+            P = P[:, at]
         held = P[:, :r.count].tolist()
         over = not r.stats["deferring"] and r.budget is not None and r.count > r.budget
         assert not over, f"row {b}: {r.count} tokens over its budget {r.budget}"

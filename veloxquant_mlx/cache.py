@@ -635,9 +635,10 @@ def hand_over(cache:EvictingCache)->tuple:
 
 # %% ../nbs/03_cache.ipynb #b6bd28ad
 def take_back(cache:EvictingCache, held:tuple, # (keys, values, positions, scores)
-              obs:tuple|None=None): # the remembered (queries, positions, scale), or None
+              obs:tuple|None=None, # the remembered (queries, positions, scale), or None
+              meta:dict|None=None): # the storage's format and split (a KIVI prefix's length), as `set_state` takes it
     "Hold `held` and the remembered queries `obs` again (what `hand_over` gave, after a batch's steps)."
-    cache.store.set_state(*held[:2])
+    cache.store.set_state(*held[:2], meta)
     cache.positions, cache._scores = held[2:]
     cache._obs_q = obs
 
@@ -645,10 +646,10 @@ def chooses_next(cache:EvictingCache)->bool:
     "True when the next decoding step makes a choice: the layer is full and has a slack (`slack + 1` tokens go)."
     return bool(cache.spec.slack) and cache.budget is not None and cache.count >= cache.budget
 
-def steady(cache:EvictingCache)->bool:
+def steady(cache:EvictingCache, full:bool=False)->bool: # True: a full row (it will choose alone) is steady too
     "True when a batch may step this row with the others: a budget, the prompt chosen, nothing pending, tokens held."
     return cache.budget is not None and not cache._deferring and not cache._pending and cache.count > 0 \
-        and not chooses_next(cache)
+        and (full or not chooses_next(cache))
 
 # %% ../nbs/03_cache.ipynb #b5ff2504
 def held_arrays(cache:EvictingCache)->list:

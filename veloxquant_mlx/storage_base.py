@@ -10,8 +10,9 @@ from fastcore.basics import patch
 from .h2o import attention_with_mass, query_mass, visible, HeldArrays
 
 # %% auto #0
-__all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'check_kv_format', 'pack_bits', 'affine_params', 'encode_groups',
-           'quantize_groups', 'dequantize_groups', 'bf16_nbytes', 'Storage', 'FloatStorage', 'QuantizedStorage']
+__all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'DEQUANTIZE_ROWS', 'check_kv_format', 'pack_bits', 'affine_params',
+           'encode_groups', 'quantize_groups', 'dequantize_groups', 'bf16_nbytes', 'Storage', 'FloatStorage',
+           'QuantizedStorage']
 
 # %% ../nbs/03a_storage.ipynb #st000007
 KV_BITS = (2, 3, 4, 5, 6, 8)  # bits per stored element (what mx.quantized_matmul reads)
@@ -40,15 +41,21 @@ def pack_bits(ints:mx.array, # unsigned integers below 2**bits; last axis a mult
              )->mx.array: # uint32 words, last axis times bits / 32
     "Pack `ints` as MLX does: one little-endian bit stream, element i in bits [i*bits, (i+1)*bits)."
     *lead, n = ints.shape
+    if 32 % bits == 0:                                                  # whole elements per word: shift and add
+        k = 32 // bits
+        x = ints.astype(mx.uint32).reshape(*lead, n // k, k)
+        return (x << (mx.arange(k, dtype=mx.uint32) * bits)).sum(axis=-1).astype(mx.uint32)
     x = ints.astype(mx.uint32).reshape(*lead, n // 32, 32)             # 32 elements fill `bits` words exactly
-    off = mx.arange(32, dtype=mx.uint32) * bits
-    word, shift = off // 32, off % 32
-    cross = shift + bits > 32                                           # an element split over two words
-    lo = x << shift                                                     # its low bits, in word `word`
-    hi = mx.where(cross, x >> mx.where(cross, 32 - shift, 0), 0)        # its high bits, in word `word + 1`
-    at = lambda w: (w[:, None] == mx.arange(bits, dtype=mx.uint32)).astype(mx.uint32)  # [32, bits] one-hot
-    words = (lo[..., None] * at(word)).sum(axis=-2) + (hi[..., None] * at(word + 1)).sum(axis=-2)
-    return words.astype(mx.uint32).reshape(*lead, n * bits // 32)
+    off = [i * bits for i in range(32)]
+    lo = x << mx.array([o % 32 for o in off], mx.uint32)                # each element's low bits, in its word
+    words = []
+    for w in range(bits):                                               # the elements starting in word w: a range
+        a = min(i for i in range(32) if off[i] // 32 == w)
+        b = max(i for i in range(32) if off[i] // 32 == w) + 1
+        word = lo[..., a:b].sum(axis=-1)                                # disjoint bits: the sum is the OR
+        if a and off[a - 1] % 32 + bits > 32: word = word + (x[..., a - 1] >> (32 - off[a - 1] % 32))  # a split one
+        words.append(word)
+    return mx.stack(words, axis=-1).astype(mx.uint32).reshape(*lead, n * bits // 32)
 
 # %% ../nbs/03a_storage.ipynb #b8bd6083
 def affine_params(lo:mx.array, hi:mx.array, # each group's range [..., groups]
@@ -384,12 +391,22 @@ def _adopt(self:QuantizedStorage, keys, values):
     self._dims, self.dtype = (*keys.shape[:2], keys.shape[3], values.shape[3]), keys.dtype
 
 # %% ../nbs/03a_storage.ipynb #75d24500
+DEQUANTIZE_ROWS = {"cpu": 8, "gpu": None}  # query rows from which a product dequantizes first (None: never), per device
+
+def _dequantize_first(rows:int)->bool:
+    "True when `rows` query rows per packed matrix are cheaper through a float copy on the default device."
+    at = DEQUANTIZE_ROWS.get("gpu" if mx.default_device().type == mx.gpu else "cpu")
+    return at is not None and rows >= at
+
 @patch
 def _qmm(self:QuantizedStorage, x, packed, scales, biases, transpose:bool):
     "`x` times the packed matrix (one per batch row and KV head, broadcast over the query heads), in float32."
     p, s, b = (a[:, :, None] for a in (packed, scales, biases))
     if x.dtype != s.dtype: x = x.astype(s.dtype)
-    y = mx.quantized_matmul(x, p, s, b, transpose=transpose, group_size=self.group_size, bits=self.bits)
+    if _dequantize_first(math.prod(x.shape[2:-1])):                        # query heads of a group times queries
+        w = mx.dequantize(p, s, b, group_size=self.group_size, bits=self.bits)
+        y = x @ (w.swapaxes(-1, -2) if transpose else w)
+    else: y = mx.quantized_matmul(x, p, s, b, transpose=transpose, group_size=self.group_size, bits=self.bits)
     return y if y.dtype == mx.float32 else y.astype(mx.float32)
 
 # %% ../nbs/03a_storage.ipynb #8c3cfb6c
