@@ -205,6 +205,33 @@ def test_default_batch_rows_equal_alone_across_a_batched_eviction(arch, grow, co
                 err = (mx.linalg.norm(x - y) / mx.linalg.norm(y)).item()
                 assert err < 1e-3, (rows, a.spec.layer_idx, err)
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("costs", ["bytes"], indirect=True)
+def test_default_batch_rows_of_one_prompt_choose_together(arch, costs, monkeypatch):
+    # Catches: rows whose layouts coincide (one prompt twice, in step) choosing together (`kivi_group`, the layer's own
+    # choice at batch size 2, `kivi_put_group`) unlike each alone: other tokens, kept positions, keys or values; the
+    # group never formed.
+    from veloxquant_mlx.batch import BatchEvictingCache
+    sizes, layer_of = [], BatchEvictingCache._layer_of
+    monkeypatch.setattr(BatchEvictingCache, "_layer_of", lambda self, idx, P, S: sizes.append(len(idx)) or
+                        layer_of(self, idx, P, S))
+    mdl, cfg, T = model(arch), recommended_config(0.25), [40, 56, 56]
+    prompts = [BATCH_PROMPTS[1], BATCH_PROMPTS[0], BATCH_PROMPTS[0]]
+    alone_caches = [KVCacheBuilder.for_model(mdl, cfg) for _ in prompts]
+    alone = [greedy_alone(mdl, p, c, t, 64) for p, c, t in zip(prompts, alone_caches, T)]
+    got, extracted = greedy_batched(mdl, prompts, [KVCacheBuilder.for_model(mdl, cfg) for _ in prompts], T,
+                                    prefill_step_size=64)
+    assert got == alone
+    assert 2 in sizes, set(sizes)                                      # rows 1 and 2 chose together
+    for ex, al in zip(extracted, alone_caches):
+        for a, b in zip(ex, al):
+            assert (a.offset, a.count, a.store.P) == (b.offset, b.count, b.store.P)
+            assert [sorted(h) for h in a.positions[0, :, :a.count].tolist()] == \
+                [sorted(h) for h in b.positions[0, :, :b.count].tolist()]
+            for rows in ("key_rows", "value_rows"):
+                x, y = (getattr(c.store, rows)(0, c.count).astype(mx.float32) for c in (a, b))
+                assert (mx.linalg.norm(x - y) / mx.linalg.norm(y)).item() < 1e-3, (rows, a.spec.layer_idx)
+
 # -------------------------------------------------------------------------------------------------- 3. save / load
 @pytest.mark.parametrize("arch,f,n", [("llama", 0.125, 700), ("gemma3", 0.25, 500)])
 @pytest.mark.parametrize("costs", ["bytes"], indirect=True)

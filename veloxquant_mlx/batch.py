@@ -12,7 +12,8 @@ from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArra
 from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed, hand_over,
                                   take_back, advance, chooses_next, steady, held_arrays, copy_layer)
 from .batch_kivi import (kivi_stackable, kivi_stack, kivi_row, kivi_take, kivi_write,
-                                       kivi_attention_with_mass, kivi_weights, kivi_settle, kivi_put)
+                                       kivi_attention_with_mass, kivi_weights, kivi_settle, kivi_put,
+                                       kivi_group, kivi_put_group)
 
 # %% auto #0
 __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
@@ -368,23 +369,47 @@ def _fast_update(self:BatchEvictingCache, keys, values):
     self._packed, self._step = (held.keys, held.values, P, S), (start, [not x for x in room])
     return held.keys, held.values
 
+# %% ../nbs/03b_batch.ipynb #a3285c18
+@patch
+def _groups(self:BatchEvictingCache, full:list)->list: # the rows that choose this step
+    "The full rows in groups that choose together: the same layout, position, budget and remembered queries."
+    k, by = self._kivi, {}
+    n_obs = self._obs[2] if self._obs is not None else [0] * len(self.rows)
+    for b in full:
+        r = self.rows[b]
+        key = (k.P[b], k.R[b], r.offset, r.count, r.budget, r.spec.slack, r.spec.recent, repr(r.policy),
+               min(n_obs[b], r.policy.obs_window), r._phase, r._evicted, r._contiguous)
+        by.setdefault(key, []).append(b)
+    return list(by.values())
+
+@patch
+def _layer_of(self:BatchEvictingCache, idx:list, P, S)->EvictingCache:
+    "One layer holding rows `idx`: the row itself (its arrays given back), or a copy of the first with all of them."
+    if len(idx) == 1:
+        self._give_back(idx[0], self.rows[idx[0]])
+        return self.rows[idx[0]]
+    g = copy.copy(self.rows[idx[0]])                          # the same settings, policy and counts
+    g.store, g.positions, g._scores = kivi_group(self._kivi, idx, P, S)
+    obs = [self._obs_row(b) for b in idx]
+    g._obs_q = None if obs[0] is None else (mx.concatenate([o[0] for o in obs]), obs[0][1], obs[0][2])
+    return g
+
 # %% ../nbs/03b_batch.ipynb #ede60732
 @patch
 def _kivi_update(self:BatchEvictingCache, keys, values):
     "The KIVI rows' step: each newcomer into its residual (`kivi_write`); the policy sees the keys; the stacked view."
     _, _, P, S = self._packed
     rows, p, window = self.rows, self.rows[0].policy, self.rows[0].spec.window
-    self._alone = {b: None for b, r in enumerate(rows) if r.count >= r.budget}   # full: they choose alone
-    for b in self._alone:
-        self._give_back(b, rows[b])
-        self._alone[b] = rows[b].update_and_fetch(keys[b:b + 1], values[b:b + 1])
+    full = [b for b, r in enumerate(rows) if r.count >= r.budget]              # they choose, alone or in groups
+    self._alone = [(idx, layer, layer.update_and_fetch(keys[mx.array(idx)], values[mx.array(idx)]))
+                   for idx in self._groups(full) for layer in [self._layer_of(idx, P, S)]]
     start = mx.array([r.offset for r in rows], mx.int32)
-    P, S = kivi_write(self._kivi, keys, values, P, S, start)         # (rows alone: written over when they are back)
+    P, S = kivi_write(self._kivi, keys, values, P, S, start)         # (full rows: written over when they are back)
     key_mass = lambda: kivi_weights(self._kivi, keys, self._kivi.view()[0], P, start, keys.shape[-1] ** -0.5,
                                     window).sum(axis=(2, 3))
     S = p.on_keys(S, key_mass, None)
     for b, r in enumerate(rows):
-        if b not in self._alone: advance(r, 1, True, False)   # (a row alone counted itself)
+        if b not in full: advance(r, 1, True, False)           # (a full row's layer counted itself)
     self._packed, self._step = (None, None, P, S), (start, [False] * len(rows))
     return self._kivi.view()
 
@@ -428,19 +453,43 @@ def _kivi_attention(self:BatchEvictingCache, queries, P, S, start, scale:float, 
 # %% ../nbs/03b_batch.ipynb #65faa57c
 @patch
 def _choose_alone(self:BatchEvictingCache, queries, out, P, S, scale:float, sinks)->tuple:
-    "The full rows' attention and choice as layers alone; their outputs in `out`; the rows back in the stacked arrays."
-    alone, self._alone, rows = self._alone, None, self.rows
-    own = {b: rows[b].attention(queries[b:b + 1], *kv, scale=scale, sinks=sinks) for b, kv in alone.items()}
+    "The full rows' attention and choice as layers of their own; their outputs in `out`; the rows back in the stack."
+    alone, self._alone, rows, own = self._alone, None, self.rows, {}
+    for idx, layer, kv in alone:
+        o = layer.attention(queries[mx.array(idx)], *kv, scale=scale, sinks=sinks)
+        own.update({b: o[j:j + 1] for j, b in enumerate(idx)})
     out = mx.concatenate([own[b] if b in own else out[b:b + 1] for b in range(len(rows))])
-    if not kivi_stackable([rows[b].store for b in alone], self._kivi.fmt):
+    if not kivi_stackable([layer.store for _, layer, _ in alone], self._kivi.fmt):
         for b, r in enumerate(rows):
-            if b not in alone: self._give_back(b, r)
+            if b not in own: self._give_back(b, r)
+        for idx, layer, _ in alone: self._split(idx, layer)
         self._packed = self._obs = self._kivi = None
         return out, None, None
-    held = lambda r: (r.positions[:, :, :r.count], r._scores[:, :, :r.count])
-    P, S = kivi_put(self._kivi, {b: rows[b].store for b in alone}, {b: held(rows[b]) for b in alone}, P, S)
-    for b in alone: hand_over(rows[b])                   # the stacked arrays hold it again (its queries: `_obs`)
+    for idx, layer, _ in alone:
+        held = (layer.positions[:, :, :layer.count], layer._scores[:, :, :layer.count])
+        if len(idx) == 1: P, S = kivi_put(self._kivi, {idx[0]: layer.store}, {idx[0]: held}, P, S)
+        else: P, S = kivi_put_group(self._kivi, idx, layer.store, *held, P, S)
+        for b in idx: _follow(rows[b], layer)
+        if len(idx) == 1: hand_over(layer)               # the stacked arrays hold it again (its queries: `_obs`)
     return out, P, S
+
+# %% ../nbs/03b_batch.ipynb #fabb8340
+def _follow(row:EvictingCache, layer:EvictingCache):
+    "`row` takes on the counts and phase `layer` reached (a group's layer, or the row itself)."
+    for a in ("offset", "count", "_evicted", "_contiguous", "_phase", "_pending"): setattr(row, a, getattr(layer, a))
+
+@patch
+def _split(self:BatchEvictingCache, idx:list, layer:EvictingCache):
+    "Rows `idx` each hold their slice of a group's `layer` again (a row alone holds its own already)."
+    if len(idx) == 1: return
+    keys, values = layer.store.state()
+    one = lambda a, j: None if a is None else mx.contiguous(a[j:j + 1])
+    held = lambda a, j: mx.contiguous(a[j:j + 1, :, :layer.count])
+    for j, b in enumerate(idx):
+        _follow(self.rows[b], layer)
+        take_back(self.rows[b], ([one(a, j) for a in keys], [one(a, j) for a in values], held(layer.positions, j),
+                                 held(layer._scores, j)), None if layer._obs_q is None else
+                  (layer._obs_q[0][j:j + 1], *layer._obs_q[1:]), layer.store.meta())
 
 # %% ../nbs/03b_batch.ipynb #089ea75e
 @patch

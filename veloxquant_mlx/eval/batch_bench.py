@@ -10,7 +10,7 @@ from .measure import machine_info
 
 # %% auto #0
 __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'prompt_ids', 'prefill', 'decode_batch', 'combine', 'largest_fit', 'load_bench_model',
-           'run_sweep', 'summarize', 'format_results', 'plot_results', 'main']
+           'run_sweep', 'summarize', 'format_results', 'batch_headline', 'plot_results', 'main']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -76,13 +76,16 @@ def largest_fit(per_row:float, cap_bytes:float, limit:int=32)->int:
     return int(min(limit, cap_bytes // per_row)) if per_row > 0 else limit
 
 def load_bench_model(name:str):
-    "(model, tokenizer): the real Gemma 3 270M, 'tiny:ARCH' (random weights, byte tokens), or an mlx-lm model dir."
+    "(model, tokenizer): an embedded model ('gemma3_270m', 'smollm2', ...), 'tiny:ARCH' (random), or a model dir."
     if name.startswith("tiny:"):
         from veloxquant_mlx.builder import tiny_model
         from veloxquant_mlx.serve import tiny_tokenizer
         return tiny_model(name[5:], max_position_embeddings=1 << 16), tiny_tokenizer()
-    from veloxquant_mlx.models import load_default_model, load_model
-    return load_default_model(progress=False) if name == "gemma3_270m" else load_model(name)
+    from veloxquant_mlx.models import load_default_model, load_embedded_model, load_model
+    from veloxquant_mlx.models import MODEL_ALIASES, EMBEDDED_MODELS
+    if name == "gemma3_270m": return load_default_model(progress=False)
+    if name in MODEL_ALIASES or name in EMBEDDED_MODELS: return load_embedded_model(name, progress=False)
+    return load_model(name)
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c130000e
 def run_sweep(cfg:dict, log=print, checkpoint=None)->dict:
@@ -176,6 +179,22 @@ def format_results(res:dict)->str:
                          f"({a['evict']['kv_mib_per_row']:.1f} MiB each) -> B={a['evict']['B']}, "
                          f"{a['evict']['tok_s']:.2f} tok/s: {a['ratio']:.2f}x")
     return "\n".join(lines)
+
+# %% ../../nbs/13a_eval_batch_bench.ipynb #a6681bab
+def batch_headline(res:dict, name:str="the default")->str: # a run of `run_sweep`; what to call the evicting row
+    "One sentence per prompt length: each side's largest batch within the cap, its tokens/s, their ratio."
+    parts = []
+    for n, run in res["runs"].items():
+        a = run.get("at_cap", {})
+        if "ratio" not in a: continue
+        f, e = a["full"], a["evict"]
+        same = next((r for r in run["evict"] if r["B"] == f["B"]), None)
+        at_same = f" ({same['tok_s'] / f['tok_s']:.2f}x at {f['B']} rows)" if same else ""
+        parts.append(f"on {int(n):,}-token prompts the full cache fits {f['largest_fit']} rows "
+                     f"({f['kv_mib_per_row']:.1f} MiB each) and decodes {f['tok_s']:.1f} tokens/s with {f['B']}; "
+                     f"{name} fits {e['largest_fit']} ({e['kv_mib_per_row']:.1f} MiB each) and decodes "
+                     f"{e['tok_s']:.1f} with {e['B']}: **{a['ratio']:.2f}x**{at_same}")
+    return f"At {res['settings']['cap_mib']} MiB of KV, " + "; ".join(parts) + "."
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300014
 def plot_results(res:dict, folder:str, prefix:str="batch_speed"):
