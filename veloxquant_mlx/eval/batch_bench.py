@@ -10,7 +10,7 @@ from .measure import machine_info
 
 # %% auto #0
 __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'prompt_ids', 'prefill', 'decode_batch', 'combine', 'largest_fit', 'load_bench_model',
-           'run_sweep', 'summarize', 'format_results', 'batch_headline', 'plot_results', 'main']
+           'run_sweep', 'summarize', 'format_results', 'batch_headline', 'batch_details', 'plot_results', 'main']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -183,21 +183,41 @@ def format_results(res:dict)->str:
 # %% ../../nbs/13a_eval_batch_bench.ipynb #a6681bab
 def batch_headline(res:dict, name:str="the default")->str: # a run of `run_sweep`; what to call the evicting row
     "One sentence per prompt length: each side's largest batch within the cap, its tokens/s, their ratio."
-    parts = []
+    parts, rows = [], lambda n: f"{n} row{'s' * (n != 1)}"
     for n, run in res["runs"].items():
         a = run.get("at_cap", {})
         if "ratio" not in a: continue
         f, e = a["full"], a["evict"]
         same = next((r for r in run["evict"] if r["B"] == f["B"]), None)
-        at_same = f" ({same['tok_s'] / f['tok_s']:.2f}x at {f['B']} rows)" if same else ""
-        parts.append(f"on {int(n):,}-token prompts the full cache fits {f['largest_fit']} rows "
+        at_same = f" ({same['tok_s'] / f['tok_s']:.2f}x at {rows(f['B'])})" if same else ""
+        parts.append(f"on {int(n):,}-token prompts the full cache fits {rows(f['largest_fit'])} "
                      f"({f['kv_mib_per_row']:.1f} MiB each) and decodes {f['tok_s']:.1f} tokens/s with {f['B']}; "
                      f"{name} fits {e['largest_fit']} ({e['kv_mib_per_row']:.1f} MiB each) and decodes "
                      f"{e['tok_s']:.1f} with {e['B']}: **{a['ratio']:.2f}x**{at_same}")
     return f"At {res['settings']['cap_mib']} MiB of KV, " + "; ".join(parts) + "."
 
+# %% ../../nbs/13a_eval_batch_bench.ipynb #077eb7e0
+def batch_details(res:dict)->str: # a run of `run_sweep`
+    "Markdown lines: the run's conditions and, per prompt length, the ratios at equal batch sizes and the peaks."
+    st, mib = res["settings"], lambda b: f"{b / 2**20:,.0f} MiB"
+    out = [f"- The run: {st['model']}, {st['steps']} timed steps after {st['warmup']}, {st.get('rounds', 1)} round(s) "
+           f"per point; load average {res['machine']['loadavg'][0]:.1f} at the start; "
+           f"{res.get('elapsed_s', 0) / 60:.0f} minutes in all."]
+    for n, run in res["runs"].items():
+        by = {k: {r["B"]: r for r in run[k]} for k in ("full", "evict")}
+        ratio = lambda B: by["evict"][B]["tok_s"] / by["full"][B]["tok_s"]
+        same = [f"{B} row{'s' * (B > 1)} {ratio(B):.2f}x" for B in sorted(by["full"]) if B in by["evict"]]
+        a = run.get("at_cap", {})
+        peaks = "; ".join(f"{'full' if k == 'full' else 'eviction'} {mib(by[k][a[k]['B']]['peak_bytes'])} at "
+                          f"{a[k]['B']} rows" for k in ("full", "evict") if a.get(k, {}).get("B") in by[k])
+        out.append(f"- {int(n):,}-token prompts: prefill {run['prefill_s']['full']:.0f} s (full) and "
+                   f"{run['prefill_s']['evict']:.0f} s (eviction); eviction's tokens/s over the full cache's at equal "
+                   f"rows: {', '.join(same)}; peak memory at the cap (weights included): {peaks}.")
+    return "\n".join(out)
+
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300014
-def plot_results(res:dict, folder:str, prefix:str="batch_speed"):
+def plot_results(res:dict, folder:str, prefix:str="batch_speed",
+                 name:str|None=None): # the evicting row's name in the legend (None: its label)
     "Tokens/s and KV memory vs batch size, one panel pair per prompt length; written as PNG into `folder`."
     import matplotlib
     matplotlib.use("Agg")
@@ -210,12 +230,12 @@ def plot_results(res:dict, folder:str, prefix:str="batch_speed"):
             rows = sorted(run[k], key=lambda r: r["B"])
             if not rows: continue
             at = "" if res["settings"].get("evict_label") else f" @ {res['settings']['budget']}"
-            name = "full cache" if k == "full" else res["label"] + at
+            name_k = "full cache" if k == "full" else (name or res["label"] + at)
             Bs, med = [r["B"] for r in rows], [r["tok_s"] for r in rows]
             lo = [m - min(r.get("tok_s_rounds", [m])) for m, r in zip(med, rows)]
             hi = [max(r.get("tok_s_rounds", [m])) - m for m, r in zip(med, rows)]
-            axes[0, j].errorbar(Bs, med, yerr=[lo, hi], fmt=style, capsize=3, label=name)
-            axes[1, j].plot([r["B"] for r in rows], [r["kv_bytes"] / 2**20 for r in rows], style, label=name)
+            axes[0, j].errorbar(Bs, med, yerr=[lo, hi], fmt=style, capsize=3, label=name_k)
+            axes[1, j].plot([r["B"] for r in rows], [r["kv_bytes"] / 2**20 for r in rows], style, label=name_k)
             a = run.get("at_cap", {}).get(k)
             if a and a["B"]:
                 star = "largest batch within the cap" if k == "evict" else None
