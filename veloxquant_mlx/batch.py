@@ -13,7 +13,7 @@ from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_
                                   take_back, advance, chooses_next, steady, held_arrays, copy_layer)
 from .batch_kivi import (kivi_stackable, kivi_stack, kivi_row, kivi_take, kivi_write,
                                        kivi_attention_with_mass, kivi_weights, kivi_settle, kivi_put,
-                                       kivi_group, kivi_put_group)
+                                       kivi_group, kivi_put_group, _set_rows)
 
 # %% auto #0
 __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
@@ -75,7 +75,7 @@ class BatchEvictingCache(_BaseCache):
         self._spans = self._fwd = None   # this pass: (first column, tokens) per row, and what each row returned
         self._step = None                # a vectorised step's (query positions, full rows), from update to attention
         self._kivi = None                # KIVI rows stacked (`KiviRows`): the packed keys and values are there
-        self._alone = None               # a stacked step's rows that choose alone: row -> what its layer returned
+        self._alone = None               # a stacked step's full rows: (rows, their layer, what it returned)
 
 # %% ../nbs/03b_batch.ipynb #637182d3
 @patch
@@ -458,7 +458,7 @@ def _choose_alone(self:BatchEvictingCache, queries, out, P, S, scale:float, sink
     for idx, layer, kv in alone:
         o = layer.attention(queries[mx.array(idx)], *kv, scale=scale, sinks=sinks)
         own.update({b: o[j:j + 1] for j, b in enumerate(idx)})
-    out = mx.concatenate([own[b] if b in own else out[b:b + 1] for b in range(len(rows))])
+    out = _set_rows(out, list(own), mx.concatenate(list(own.values())))   # runs of slices, one concatenation
     if not kivi_stackable([layer.store for _, layer, _ in alone], self._kivi.fmt):
         for b, r in enumerate(rows):
             if b not in own: self._give_back(b, r)
