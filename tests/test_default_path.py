@@ -211,10 +211,10 @@ def test_default_batch_rows_of_one_prompt_choose_together(arch, costs, monkeypat
     # Catches: rows whose layouts coincide (one prompt twice, in step) choosing together (`kivi_group`, the layer's own
     # choice at batch size 2, `kivi_put_group`) unlike each alone: other tokens, kept positions, keys or values; the
     # group never formed.
-    from veloxquant_mlx.batch import BatchEvictingCache
-    sizes, layer_of = [], BatchEvictingCache._layer_of
-    monkeypatch.setattr(BatchEvictingCache, "_layer_of", lambda self, idx, P, S: sizes.append(len(idx)) or
-                        layer_of(self, idx, P, S))
+    from veloxquant_mlx import batch_kivi
+    sizes, layer_of = [], batch_kivi.kivi_group_layer
+    monkeypatch.setattr(batch_kivi, "kivi_group_layer", lambda bl, idx, P, S: sizes.append(len(idx)) or
+                        layer_of(bl, idx, P, S))
     mdl, cfg, T = model(arch), recommended_config(0.25), [40, 56, 56]
     prompts = [BATCH_PROMPTS[1], BATCH_PROMPTS[0], BATCH_PROMPTS[0]]
     alone_caches = [KVCacheBuilder.for_model(mdl, cfg) for _ in prompts]

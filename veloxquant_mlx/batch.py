@@ -4,16 +4,15 @@
 
 # %% ../nbs/03b_batch.ipynb #b3b00004
 from __future__ import annotations
-import copy, copyreg, math
+import copyreg, math
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
 from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
 from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed, hand_over,
                                   take_back, advance, chooses_next, steady, held_arrays, copy_layer)
-from .batch_kivi import (kivi_stackable, kivi_stack, kivi_row, kivi_take, kivi_write,
-                                       kivi_attention_with_mass, kivi_weights, kivi_settle, kivi_put,
-                                       kivi_group, kivi_put_group, _set_rows)
+from .batch_kivi import (kivi_stackable, kivi_row, kivi_take, kivi_pack_batch,
+                                       kivi_batch_update, kivi_batch_attention)
 
 # %% auto #0
 __all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
@@ -296,23 +295,11 @@ def _pack_obs(self:BatchEvictingCache, obs:list, w:int)->list:
 def _pack(self:BatchEvictingCache):
     "Move the rows' arrays into batched buffers (row b in slots [0, count_b)); the rows keep only their metadata."
     rows, e = self.rows, self._extra()
-    if not isinstance(rows[0].store, HeldArrays): return self._pack_kivi()
+    if not isinstance(rows[0].store, HeldArrays): return kivi_pack_batch(self)
     L = min(max(r.budget + e for r in rows), self._width_needed())
     given = [hand_over(r) for r in rows]
     per = [self._pad_to(held, L) for held, _ in given]
     self._packed = tuple(mx.concatenate([p[i] for p in per], axis=0) for i in range(4))
-    w = max(r.policy.obs_window for r in rows)
-    self._obs = self._pack_obs([obs for _, obs in given], w) if w else None
-
-# %% ../nbs/03b_batch.ipynb #f60ecb1a
-@patch
-def _pack_kivi(self:BatchEvictingCache):
-    "KIVI rows stacked (`kivi_stack`): prefixes and residuals padded to one length; the rows keep their metadata."
-    rows = self.rows
-    self._kivi, P, S = kivi_stack([r.store for r in rows], [r.positions[:, :, :r.count] for r in rows],
-                                  [r._scores[:, :, :r.count] for r in rows])
-    given = [hand_over(r) for r in rows]
-    self._packed = (None, None, P, S)
     w = max(r.policy.obs_window for r in rows)
     self._obs = self._pack_obs([obs for _, obs in given], w) if w else None
 
@@ -355,7 +342,7 @@ def _ensure_width(self:BatchEvictingCache):
 def _fast_update(self:BatchEvictingCache, keys, values):
     "One token per row, all rows at once: `decode_step` with B = n; returns the packed buffers every row attends over."
     if self._packed is None: self._pack()
-    if self._kivi is not None: return self._kivi_update(keys, values)
+    if self._kivi is not None: return kivi_batch_update(self, keys, values)
     self._ensure_width()
     K, V, P, S = self._packed
     rows, p, r0 = self.rows, self.rows[0].policy, self.rows[0]
@@ -369,57 +356,13 @@ def _fast_update(self:BatchEvictingCache, keys, values):
     self._packed, self._step = (held.keys, held.values, P, S), (start, [not x for x in room])
     return held.keys, held.values
 
-# %% ../nbs/03b_batch.ipynb #a3285c18
-@patch
-def _groups(self:BatchEvictingCache, full:list)->list: # the rows that choose this step
-    "The full rows in groups that choose together: the same layout, position, budget and remembered queries."
-    k, by = self._kivi, {}
-    n_obs = self._obs[2] if self._obs is not None else [0] * len(self.rows)
-    for b in full:
-        r = self.rows[b]
-        key = (k.P[b], k.R[b], r.offset, r.count, r.budget, r.spec.slack, r.spec.recent, repr(r.policy),
-               min(n_obs[b], r.policy.obs_window), r._phase, r._evicted, r._contiguous)
-        by.setdefault(key, []).append(b)
-    return list(by.values())
-
-@patch
-def _layer_of(self:BatchEvictingCache, idx:list, P, S)->EvictingCache:
-    "One layer holding rows `idx`: the row itself (its arrays given back), or a copy of the first with all of them."
-    if len(idx) == 1:
-        self._give_back(idx[0], self.rows[idx[0]])
-        return self.rows[idx[0]]
-    g = copy.copy(self.rows[idx[0]])                          # the same settings, policy and counts
-    g.store, g.positions, g._scores = kivi_group(self._kivi, idx, P, S)
-    obs = [self._obs_row(b) for b in idx]
-    g._obs_q = None if obs[0] is None else (mx.concatenate([o[0] for o in obs]), obs[0][1], obs[0][2])
-    return g
-
-# %% ../nbs/03b_batch.ipynb #ede60732
-@patch
-def _kivi_update(self:BatchEvictingCache, keys, values):
-    "The KIVI rows' step: each newcomer into its residual (`kivi_write`); the policy sees the keys; the stacked view."
-    _, _, P, S = self._packed
-    rows, p, window = self.rows, self.rows[0].policy, self.rows[0].spec.window
-    full = [b for b, r in enumerate(rows) if r.count >= r.budget]              # they choose, alone or in groups
-    self._alone = [(idx, layer, layer.update_and_fetch(keys[mx.array(idx)], values[mx.array(idx)]))
-                   for idx in self._groups(full) for layer in [self._layer_of(idx, P, S)]]
-    start = mx.array([r.offset for r in rows], mx.int32)
-    P, S = kivi_write(self._kivi, keys, values, P, S, start)         # (full rows: written over when they are back)
-    key_mass = lambda: kivi_weights(self._kivi, keys, self._kivi.view()[0], P, start, keys.shape[-1] ** -0.5,
-                                    window).sum(axis=(2, 3))
-    S = p.on_keys(S, key_mass, None)
-    for b, r in enumerate(rows):
-        if b not in full: advance(r, 1, True, False)           # (a full row's layer counted itself)
-    self._packed, self._step = (None, None, P, S), (start, [False] * len(rows))
-    return self._kivi.view()
-
 # %% ../nbs/03b_batch.ipynb #b3b00021
 @patch
 def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     "Every row's one-query attention over its held tokens; the policy's mass, TOVA's drop, the queries it remembers."
     (K, V, P, S), (start, full) = self._packed, self._step
     self._step = None
-    if self._kivi is not None: return self._kivi_attention(queries, P, S, start, scale, sinks)
+    if self._kivi is not None: return kivi_batch_attention(self, queries, P, S, start, scale, sinks)
     p, window = self.rows[0].policy, self.rows[0].spec.window
     got = {}                                              # the output, if the policy's mass brought it
     def mass():
@@ -431,65 +374,6 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
     S = p.on_queries(S, mass, True)
     out = got["out"] if "out" in got else self._masked_attention(queries, K, V, P, start, scale, sinks)
     return self._after_attention(queries, out, (K, V, P, S), start, full, scale)
-
-# %% ../nbs/03b_batch.ipynb #9d65bf7a
-@patch
-def _kivi_attention(self:BatchEvictingCache, queries, P, S, start, scale:float, sinks):
-    "The KIVI rows' attention and mass (`kivi_attention_with_mass`); full residuals packed; the queries remembered."
-    if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
-    p, window, got = self.rows[0].policy, self.rows[0].spec.window, {}
-    def mass():
-        got["out"], m = kivi_attention_with_mass(self._kivi, queries, P, start, scale, window)
-        return m
-    S = p.on_queries(S, mass, True)
-    out = got["out"] if "out" in got else kivi_attention_with_mass(self._kivi, queries, P, start, scale, window)[0]
-    P, S = kivi_settle(self._kivi, P, S)
-    obs = self._roll_obs(queries, start, scale) if self._obs is not None else []
-    if self._alone: out, P, S = self._choose_alone(queries, out, P, S, scale, sinks)
-    if self._kivi is None: return out                              # a row alone could not go back: all rows hold theirs
-    self._packed = (None, None, P, S)
-    return mx.depends(out, [P, S, *self._kivi.arrays(), *obs])
-
-# %% ../nbs/03b_batch.ipynb #65faa57c
-@patch
-def _choose_alone(self:BatchEvictingCache, queries, out, P, S, scale:float, sinks)->tuple:
-    "The full rows' attention and choice as layers of their own; their outputs in `out`; the rows back in the stack."
-    alone, self._alone, rows, own = self._alone, None, self.rows, {}
-    for idx, layer, kv in alone:
-        o = layer.attention(queries[mx.array(idx)], *kv, scale=scale, sinks=sinks)
-        own.update({b: o[j:j + 1] for j, b in enumerate(idx)})
-    out = _set_rows(out, list(own), mx.concatenate(list(own.values())))   # runs of slices, one concatenation
-    if not kivi_stackable([layer.store for _, layer, _ in alone], self._kivi.fmt):
-        for b, r in enumerate(rows):
-            if b not in own: self._give_back(b, r)
-        for idx, layer, _ in alone: self._split(idx, layer)
-        self._packed = self._obs = self._kivi = None
-        return out, None, None
-    for idx, layer, _ in alone:
-        held = (layer.positions[:, :, :layer.count], layer._scores[:, :, :layer.count])
-        if len(idx) == 1: P, S = kivi_put(self._kivi, {idx[0]: layer.store}, {idx[0]: held}, P, S)
-        else: P, S = kivi_put_group(self._kivi, idx, layer.store, *held, P, S)
-        for b in idx: _follow(rows[b], layer)
-        if len(idx) == 1: hand_over(layer)               # the stacked arrays hold it again (its queries: `_obs`)
-    return out, P, S
-
-# %% ../nbs/03b_batch.ipynb #fabb8340
-def _follow(row:EvictingCache, layer:EvictingCache):
-    "`row` takes on the counts and phase `layer` reached (a group's layer, or the row itself)."
-    for a in ("offset", "count", "_evicted", "_contiguous", "_phase", "_pending"): setattr(row, a, getattr(layer, a))
-
-@patch
-def _split(self:BatchEvictingCache, idx:list, layer:EvictingCache):
-    "Rows `idx` each hold their slice of a group's `layer` again (a row alone holds its own already)."
-    if len(idx) == 1: return
-    keys, values = layer.store.state()
-    one = lambda a, j: None if a is None else mx.contiguous(a[j:j + 1])
-    held = lambda a, j: mx.contiguous(a[j:j + 1, :, :layer.count])
-    for j, b in enumerate(idx):
-        _follow(self.rows[b], layer)
-        take_back(self.rows[b], ([one(a, j) for a in keys], [one(a, j) for a in values], held(layer.positions, j),
-                                 held(layer._scores, j)), None if layer._obs_q is None else
-                  (layer._obs_q[0][j:j + 1], *layer._obs_q[1:]), layer.store.meta())
 
 # %% ../nbs/03b_batch.ipynb #089ea75e
 @patch

@@ -4,16 +4,18 @@
 
 # %% ../nbs/03b1_batch_kivi.ipynb #bdd3f614
 from __future__ import annotations
-import math
+import copy, math
 import mlx.core as mx
 from .h2o import visible
 from .storage_base import quantize_groups
 from .storage_kivi import KiviStorage
-from .cache import _EMPTY_POS
+from .cache import _EMPTY_POS, EvictingCache, hand_over, take_back, advance
 
 # %% auto #0
 __all__ = ['KiviRows', 'kivi_stackable', 'kivi_stack', 'kivi_row', 'kivi_take', 'kivi_write', 'kivi_weights',
-           'kivi_attention_with_mass', 'kivi_settle', 'kivi_put', 'kivi_group', 'kivi_put_group']
+           'kivi_attention_with_mass', 'kivi_settle', 'kivi_put', 'kivi_group', 'kivi_put_group', 'kivi_pack_batch',
+           'kivi_groups', 'kivi_group_layer', 'kivi_batch_update', 'kivi_batch_attention', 'kivi_choose_alone',
+           'kivi_follow', 'kivi_split']
 
 # %% ../nbs/03b1_batch_kivi.ipynb #59fe82c2
 class KiviRows:
@@ -273,3 +275,111 @@ def kivi_put_group(rows:KiviRows, idx:list, # the rows the storage holds, in ord
     scores = _set_rows(scores, idx, slots(held_scores, 0))
     for b in idx: rows.P[b], rows.R[b], rows.repacks[b] = P, R, s.repacks
     return positions, scores
+
+# %% ../nbs/03b1_batch_kivi.ipynb #126aa3ab
+def kivi_pack_batch(bl): # a batch layer whose rows hold stackable KIVI storages
+    "Stack the rows' KIVI arrays into `bl._kivi`, positions and scores into `bl._packed`; the rows keep their counts."
+    rows = bl.rows
+    bl._kivi, P, S = kivi_stack([r.store for r in rows], [r.positions[:, :, :r.count] for r in rows],
+                                [r._scores[:, :, :r.count] for r in rows])
+    given = [hand_over(r) for r in rows]
+    bl._packed = (None, None, P, S)
+    w = max(r.policy.obs_window for r in rows)
+    bl._obs = bl._pack_obs([obs for _, obs in given], w) if w else None
+
+# %% ../nbs/03b1_batch_kivi.ipynb #204b5339
+def kivi_groups(bl, full:list)->list: # the rows that choose this step
+    "The full rows in groups that choose together: the same layout, position, budget and remembered queries."
+    k, by = bl._kivi, {}
+    n_obs = bl._obs[2] if bl._obs is not None else [0] * len(bl.rows)
+    for b in full:
+        r = bl.rows[b]
+        key = (k.P[b], k.R[b], r.offset, r.count, r.budget, r.spec.slack, r.spec.recent, repr(r.policy),
+               min(n_obs[b], r.policy.obs_window), r._phase, r._evicted, r._contiguous)
+        by.setdefault(key, []).append(b)
+    return list(by.values())
+
+def kivi_group_layer(bl, idx:list, P, S)->EvictingCache:
+    "One layer holding rows `idx`: the row itself (its arrays given back), or a copy of the first with all of them."
+    if len(idx) == 1:
+        bl._give_back(idx[0], bl.rows[idx[0]])
+        return bl.rows[idx[0]]
+    g = copy.copy(bl.rows[idx[0]])                            # the same settings, policy and counts
+    g.store, g.positions, g._scores = kivi_group(bl._kivi, idx, P, S)
+    obs = [bl._obs_row(b) for b in idx]
+    g._obs_q = None if obs[0] is None else (mx.concatenate([o[0] for o in obs]), obs[0][1], obs[0][2])
+    return g
+
+# %% ../nbs/03b1_batch_kivi.ipynb #d93455f9
+def kivi_batch_update(bl, keys, values): # the newcomers `[B, H, 1, D]`, one per row
+    "The KIVI rows' step: each newcomer into its residual (`kivi_write`); the policy sees the keys; the stacked view."
+    _, _, P, S = bl._packed
+    rows, p, window = bl.rows, bl.rows[0].policy, bl.rows[0].spec.window
+    full = [b for b, r in enumerate(rows) if r.count >= r.budget]              # they choose, alone or in groups
+    bl._alone = [(idx, layer, layer.update_and_fetch(keys[mx.array(idx)], values[mx.array(idx)]))
+                 for idx in kivi_groups(bl, full) for layer in [kivi_group_layer(bl, idx, P, S)]]
+    start = mx.array([r.offset for r in rows], mx.int32)
+    P, S = kivi_write(bl._kivi, keys, values, P, S, start)
+    key_mass = lambda: kivi_weights(bl._kivi, keys, bl._kivi.view()[0], P, start, keys.shape[-1] ** -0.5,
+                                    window).sum(axis=(2, 3))
+    S = p.on_keys(S, key_mass, None)
+    for b, r in enumerate(rows):
+        if b not in full: advance(r, 1, True, False)           # (a full row's layer counted itself)
+    bl._packed, bl._step = (None, None, P, S), (start, [False] * len(rows))
+    return bl._kivi.view()
+
+# %% ../nbs/03b1_batch_kivi.ipynb #5845e559
+def kivi_batch_attention(bl, queries, P, S, start, scale:float, sinks):
+    "The KIVI rows' attention and mass (`kivi_attention_with_mass`); full residuals packed; the queries remembered."
+    if sinks is not None: raise NotImplementedError("quantized KV storage does not support attention sinks")
+    p, window, got = bl.rows[0].policy, bl.rows[0].spec.window, {}
+    def mass():
+        got["out"], m = kivi_attention_with_mass(bl._kivi, queries, P, start, scale, window)
+        return m
+    S = p.on_queries(S, mass, True)
+    out = got["out"] if "out" in got else kivi_attention_with_mass(bl._kivi, queries, P, start, scale, window)[0]
+    P, S = kivi_settle(bl._kivi, P, S)
+    obs = bl._roll_obs(queries, start, scale) if bl._obs is not None else []
+    if bl._alone: out, P, S = kivi_choose_alone(bl, queries, out, P, S, scale, sinks)
+    if bl._kivi is None: return out                                # a row alone could not go back: all rows hold theirs
+    bl._packed = (None, None, P, S)
+    return mx.depends(out, [P, S, *bl._kivi.arrays(), *obs])
+
+# %% ../nbs/03b1_batch_kivi.ipynb #f30f2961
+def kivi_choose_alone(bl, queries, out, P, S, scale:float, sinks)->tuple:
+    "The full rows' attention and choice as layers of their own; their outputs in `out`; the rows back in the stack."
+    alone, bl._alone, rows, own = bl._alone, None, bl.rows, {}
+    for idx, layer, kv in alone:
+        o = layer.attention(queries[mx.array(idx)], *kv, scale=scale, sinks=sinks)
+        own.update({b: o[j:j + 1] for j, b in enumerate(idx)})
+    out = _set_rows(out, list(own), mx.concatenate(list(own.values())))   # runs of slices, one concatenation
+    if not kivi_stackable([layer.store for _, layer, _ in alone], bl._kivi.fmt):
+        for b, r in enumerate(rows):
+            if b not in own: bl._give_back(b, r)
+        for idx, layer, _ in alone: kivi_split(bl, idx, layer)
+        bl._packed = bl._obs = bl._kivi = None
+        return out, None, None
+    for idx, layer, _ in alone:
+        held = (layer.positions[:, :, :layer.count], layer._scores[:, :, :layer.count])
+        if len(idx) == 1: P, S = kivi_put(bl._kivi, {idx[0]: layer.store}, {idx[0]: held}, P, S)
+        else: P, S = kivi_put_group(bl._kivi, idx, layer.store, *held, P, S)
+        for b in idx: kivi_follow(rows[b], layer)
+        if len(idx) == 1: hand_over(layer)               # the stacked arrays hold it again (its queries: `_obs`)
+    return out, P, S
+
+# %% ../nbs/03b1_batch_kivi.ipynb #8f7d43b1
+def kivi_follow(row:EvictingCache, layer:EvictingCache):
+    "`row` takes on the counts and phase `layer` reached (a group's layer, or the row itself)."
+    for a in ("offset", "count", "_evicted", "_contiguous", "_phase", "_pending"): setattr(row, a, getattr(layer, a))
+
+def kivi_split(bl, idx:list, layer:EvictingCache):
+    "Rows `idx` of `bl` each hold their slice of a group's `layer` again (a row alone holds its own already)."
+    if len(idx) == 1: return
+    keys, values = layer.store.state()
+    one = lambda a, j: None if a is None else mx.contiguous(a[j:j + 1])
+    held = lambda a, j: mx.contiguous(a[j:j + 1, :, :layer.count])
+    for j, b in enumerate(idx):
+        kivi_follow(bl.rows[b], layer)
+        take_back(bl.rows[b], ([one(a, j) for a in keys], [one(a, j) for a in values], held(layer.positions, j),
+                               held(layer._scores, j)), None if layer._obs_q is None else
+                  (layer._obs_q[0][j:j + 1], *layer._obs_q[1:]), layer.store.meta())
