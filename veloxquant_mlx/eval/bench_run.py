@@ -15,8 +15,8 @@ from .bench_prefill import (CONTEXT_KINDS, ContextSweep, EvictPaths, Coordinator
 # %% auto #0
 __all__ = ['FULL', 'QUICK', 'PARTS', 'SpeedRun', 'run_decode_part', 'run_contexts_part', 'run_evict_paths_part',
            'run_coordinator_part', 'run_all', 'format_decode', 'format_profile', 'format_contexts',
-           'format_evict_paths', 'format_coordinator', 'format_table', 'plot_decode', 'plot_contexts', 'plot_prefill',
-           'plot_results', 'eprint', 'main']
+           'format_evict_paths', 'format_coordinator', 'format_table', 'speed_verdicts', 'plot_decode', 'plot_contexts',
+           'plot_prefill', 'plot_results', 'eprint', 'main']
 
 # %% ../../nbs/12c_eval_bench_run.ipynb #c0600df0
 FULL = dict(decode_models=["llama16", "gemma3_270m", "gemma3_shape"], decode_budget=512, decode_kinds=None,
@@ -193,6 +193,58 @@ def format_table(run:SpeedRun)->str:
     sections = [format_decode(run), format_profile(run), format_contexts(run), format_evict_paths(run),
                 format_coordinator(run)]
     return "\n".join([f"machine: {m['cpu_count']} CPUs, {m['device']}, {m['blas']}"] + [s for s in sections if s])
+
+# %% ../../nbs/12c_eval_bench_run.ipynb #a5cfdee9
+def _span(xs:list, fmt:str="{:.2f}x")->str:
+    "A list of figures as 'a' or 'a-b' (its smallest and largest)."
+    lo, hi = min(xs), max(xs)
+    return fmt.format(lo) if f"{lo:.2f}" == f"{hi:.2f}" else fmt.format(lo) + "-" + fmt.format(hi)
+
+def speed_verdicts(run:SpeedRun, decode_target:float=1.15, # the most a step may cost against plain
+                   prefill_target:float=1.3, # the most the prefill may cost at the longest prompt
+                   share_target:float=0.05)->str: # the most of a prefill the coordinator may take
+    "Each part's verdict against its target, with the figures computed from `run` (markdown, one paragraph per part)."
+    out, ok = [], lambda x: "met" if x else "missed"
+    if run.decode:
+        per = {m: [r.ratio_vs_plain for k, r in d.kinds.items() if k != "plain" and r.ratio_vs_plain is not None]
+               for m, d in run.decode.items()}
+        worst = max(max(v) for v in per.values() if v)
+        b = next(iter(run.decode.values())).budget
+        s = "; ".join(f"`{m}` {_span(v)}" for m, v in per.items() if v)
+        out.append(f"**1. Decode overhead (target at most {decode_target:.2f}x): {ok(worst <= decode_target)}.** "
+                   f"Step time against mlx-lm's cache holding the same {b} tokens, median per round: {s}.")
+        if run.profile:
+            parts = lambda p: p.score_update + p.argmin + p.scatter_x4
+            sh = [parts(p) * p.n_layers / run.decode[m].kinds["plain"].step_ms for m, p in run.profile.items()
+                  if m in run.decode and "plain" in run.decode[m].kinds]
+            out[-1] += (f" The eviction's own work (score update, argmin, scatters, timed alone per layer) is "
+                        f"{_span([100 * x for x in sh], '{:.1f} %')} of the plain step.")
+    c = run.contexts
+    if c is not None and c.rows:
+        ev = [k for k in c.rows[0].kinds if k != "plain"][0]
+        sp = ", ".join(f"{r.kinds[ev].decode_speedup_vs_plain:.2f}x at {r.length:,}" for r in c.rows)
+        last = c.rows[-1]
+        out.append(f"**2. What eviction buys** (`{c.model}`, budget {c.budget}). Decode speed of `{ev}` against plain: "
+                   f"{sp}. At {last.length:,} tokens it holds {last.kinds[ev].kv_bytes / 2**20:.0f} MiB of KV against "
+                   f"{last.kinds['plain'].kv_bytes / 2**20:.0f} MiB, peak memory "
+                   f"{last.kinds[ev].peak_bytes / 2**20:.0f} MiB against {last.kinds['plain'].peak_bytes / 2**20:.0f}.")
+        pr = [r.kinds[ev].prefill_ratio_vs_plain for r in c.rows]
+        s = ", ".join(f"{x:.2f}x at {r.length:,}" for x, r in zip(pr, c.rows))
+        out.append(f"**3. Prefill (target at most {prefill_target:.1f}x at the longest prompt): "
+                   f"{ok(pr[-1] <= prefill_target)}.** Batched `{ev}` against a plain prefill: {s}.")
+        refs = [e for e in run.evict_paths if e.reference_s]
+        if refs: out[-1] += " The sequential reference, one layer: " + ", ".join(
+            f"{e.reference_over_batched:.0f}x the batched time at {e.length:,}" for e in refs) + "."
+    co = run.coordinator
+    if co is not None:
+        out.append(f"**4. Coordinator and proxy (target under {100 * share_target:.0f} %): "
+                   f"{ok(co.total_share < share_target)}.** In the prefill of {co.length:,} tokens "
+                   f"({co.prefill_med_s:.1f} s) the concentration measure took {100 * co.concentration_share:.2f} % and "
+                   f"the re-budget {100 * co.rebudget_share:.2f} %.")
+    m = run.machine
+    took = f"; the run took {run.elapsed_s / 60:.1f} minutes" if run.elapsed_s else ""
+    out.append(f"({m['cpu_count']} CPUs, load average {_span(m['loadavg'], '{:.1f}')} at the start{took}.)")
+    return "\n\n".join(out)
 
 # %% ../../nbs/12c_eval_bench_run.ipynb #2dc76fc4
 def plot_decode(run:SpeedRun):
