@@ -4,13 +4,14 @@
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300004
 from __future__ import annotations
-import json, os, sys, time
+import copy, json, os, sys, time
 import mlx.core as mx
 from .measure import machine_info
 
 # %% auto #0
-__all__ = ['CAP_MIB', 'FULL', 'QUICK', 'prompt_ids', 'prefill', 'decode_batch', 'combine', 'largest_fit', 'load_bench_model',
-           'run_sweep', 'summarize', 'format_results', 'batch_headline', 'batch_details', 'plot_results', 'main']
+__all__ = ['CAP_MIB', 'FULL', 'QUICK', 'prompt_ids', 'prefill', 'staggered', 'decode_batch', 'combine', 'largest_fit',
+           'load_bench_model', 'run_sweep', 'summarize', 'format_results', 'batch_headline', 'batch_details',
+           'plot_results', 'main']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -39,13 +40,30 @@ def prefill(model, ids:list, caches:list, step:int=2048)->float:
     mx.eval([c.state for c in caches])
     return time.perf_counter() - t0
 
+# %% ../../nbs/13a_eval_batch_bench.ipynb #0adb3b7d
+def staggered(model, caches:list, last:int, # a prefilled one-sequence cache list and the prompt's last token
+              B:int, stagger:int=0)->tuple: # rows; row b goes `b % stagger` tokens ahead (0 or 1: all in step)
+    "(per-row cache lists, per-row last tokens): B copies of `caches`, row b advanced by `b % stagger` greedy tokens."
+    if isinstance(stagger, bool) or not isinstance(stagger, int) or stagger < 0:
+        raise ValueError(f"`stagger` must be an integer >= 0, got {stagger!r}")
+    if stagger <= 1: return [caches] * B, [last] * B
+    rows, lasts = [], []
+    for b in range(B):
+        c, t = copy.deepcopy(caches), last
+        for _ in range(b % stagger):                             # before the timed steps: a host read is fine here
+            t = mx.argmax(model(mx.array([[t]]), cache=c)[:, -1], axis=-1).item()
+        rows.append(c); lasts.append(t)
+    return rows, lasts
+
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c130000a
 def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache list and the prompt's last token
-                 B:int, steps:int=8, warmup:int=2)->dict: # rows, timed steps, untimed steps first
+                 B:int, steps:int=8, warmup:int=2, # rows, timed steps, untimed steps first
+                 stagger:int=0)->dict: # rows out of step (`staggered`); 0: B copies in step
     "Tokens/s, step times, KV bytes and peak memory of B rows decoding together (mlx-lm's `GenerationBatch`)."
     from mlx_lm.generate import GenerationBatch, StopSequences, _merge_caches
-    batch = _merge_caches([caches] * B)
-    gen = GenerationBatch(model, list(range(B)), mx.array([last] * B), batch, [[] for _ in range(B)], [],
+    rows, lasts = staggered(model, caches, last, B, stagger)
+    batch = _merge_caches(rows)
+    gen = GenerationBatch(model, list(range(B)), mx.array(lasts), batch, [[] for _ in range(B)], [],
                           lambda x: mx.argmax(x, axis=-1), [], [StopSequences()] * B, [10**9] * B)
     for _ in range(warmup): gen.next()
     mx.synchronize()
@@ -59,7 +77,7 @@ def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache 
     kv = sum(c.nbytes for c in gen.prompt_cache)
     out = dict(B=B, steps=steps, tok_s=B * steps / sum(times), step_s=times, kv_bytes=kv, kv_bytes_per_row=kv / B,
                peak_bytes=mx.get_peak_memory(), load=[load0, os.getloadavg()[0]])
-    del gen, batch
+    del gen, batch, rows
     mx.clear_cache()
     return out
 
@@ -116,7 +134,8 @@ def run_sweep(cfg:dict, log=print, checkpoint=None)->dict:
             got = {k: [] for k in kinds}
             for i in range(cfg["rounds"]):
                 for k in (kinds if i % 2 == 0 else kinds[::-1]):
-                    got[k].append(decode_batch(model, pre[k], ids[-1], B, cfg["steps"], cfg["warmup"]))
+                    got[k].append(decode_batch(model, pre[k], ids[-1], B, cfg["steps"], cfg["warmup"],
+                                             cfg.get("stagger", 0)))
             for k in kinds:
                 r = combine(got[k])
                 run[k].append(r)
