@@ -9,7 +9,7 @@ fast as the full cache (8 or 4 bits on 700-token prompts here). Each test pins t
 
 Every test says in a comment what breakage it catches."""
 import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before mlx on Linux)
-import json
+import copy, json
 import numpy as np
 import pytest
 import mlx.core as mx
@@ -390,3 +390,29 @@ def test_a_packed_plan_keeps_at_least_the_float_plans_tokens():
         bits, budgets = plan_layers(n, f, W, slack=DEFAULT_SLACK)
         _, floats = plan_layers(n, f, W, slack=DEFAULT_SLACK, ladder=())
         assert sum(budgets) >= sum(floats), (n, bits, budgets, floats)
+
+@pytest.mark.parametrize("costs", ["bytes"], indirect=True)
+def test_default_rows_prefilled_alone_then_batched_with_a_narrowed_window(costs):
+    # Catches: a row prefilled alone (its prompt ended, as `BatchGenerator.insert(..., caches=...)` and the batch
+    # benchmark hand it over) whose plan narrowed the observation window below the queries it remembered (a short
+    # prompt: 32 queries seen, a budget that allows fewer) crashing the batch's packing with a negative pad, or then
+    # decoding other tokens than the same cache alone. head_dim 16 plans float rows, which stack; at head_dim 64 the
+    # plans whose budget narrows the window keep 16-bit KIVI rows, which decode row by row and never pack.
+    from mlx_lm.generate import GenerationBatch, StopSequences, _merge_caches
+    from veloxquant_mlx.eval.batch_bench import prefill
+    mdl, cfg, T = model("llama", 16), recommended_config(0.25), 12
+    prompt = ids(120, 7)
+    pc = KVCacheBuilder.for_model(mdl, cfg)
+    prefill(mdl, prompt, pc, 64)
+    assert any(c._obs_q is not None and c._obs_q[0].shape[2] > c.policy.obs_window for c in pc)   # the case itself
+    rows = [copy.deepcopy(pc) for _ in range(3)]
+    alone, t = [], prompt[-1]
+    for _ in range(T):
+        t = mx.argmax(mdl(mx.array([[t]]), cache=pc)[:, -1], axis=-1).item()
+        alone.append(t)
+    gen = GenerationBatch(mdl, [0, 1, 2], mx.array([prompt[-1]] * 3), _merge_caches(rows), [[], [], []], [],
+                          lambda x: mx.argmax(x, axis=-1), [], [StopSequences()] * 3, [10**9] * 3)
+    got = [[r.token for r in gen.next()] for _ in range(T)]
+    assert [list(x) for x in zip(*got)] == [alone] * 3
+    for layer in gen.prompt_cache:
+        if hasattr(layer, "rows"): check_batch_layer(layer)

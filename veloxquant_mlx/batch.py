@@ -280,6 +280,7 @@ def _pad_to(self:BatchEvictingCache, arrs:tuple, L:int)->tuple:
 @patch
 def _pack_obs(self:BatchEvictingCache, obs:list, w:int)->list:
     "The rows' remembered queries as [Q `[B, Hq, w, D]`, their positions `[B, w]`, counts, scale], left-padded."
+    obs = [o if o is None else (o[0][:, :, -w:], o[1][-w:], o[2]) for o in obs]   # (a window a plan narrowed)
     n_obs = [0 if o is None else o[0].shape[2] for o in obs]
     have = [o for o in obs if o is not None]
     if not have: return [None, None, n_obs, None]

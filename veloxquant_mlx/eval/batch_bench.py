@@ -9,9 +9,9 @@ import mlx.core as mx
 from .measure import machine_info
 
 # %% auto #0
-__all__ = ['CAP_MIB', 'FULL', 'QUICK', 'prompt_ids', 'prefill', 'staggered', 'decode_batch', 'combine', 'largest_fit',
-           'load_bench_model', 'run_sweep', 'summarize', 'format_results', 'batch_headline', 'batch_details',
-           'plot_results', 'main']
+__all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'DEFAULT_LABEL', 'prompt_ids', 'prefill', 'staggered', 'decode_batch',
+           'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
+           'batch_headline', 'batch_details', 'plot_results', 'main', 'profile_main']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -80,6 +80,52 @@ def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache 
     del gen, batch, rows
     mx.clear_cache()
     return out
+
+# %% ../../nbs/13a_eval_batch_bench.ipynb #4c3773b9
+PROFILED = {"cache": ("_window_mass", "_select", "_settle"),
+            "storage_kivi": ("query_mass", "logits", "mix", "keep", "settle")}  # module -> the members `profile_steps` times
+
+def _arrays(r)->list:
+    "The arrays in `r` (an array, or tuples and lists of them)."
+    if isinstance(r, mx.array): return [r]
+    return [a for x in r for a in _arrays(x)] if isinstance(r, (tuple, list)) else []
+
+def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
+                  steps:int=8, warmup:int=2, stagger:int=0)->list: # timed steps, untimed steps first, rows out of step
+    "Per timed step: its milliseconds and, per piece in `PROFILED`, its inclusive milliseconds and calls (a JSON list)."
+    from mlx_lm.generate import GenerationBatch, StopSequences, _merge_caches
+    from veloxquant_mlx.cache import EvictingCache
+    from veloxquant_mlx.storage_kivi import KiviStorage
+    times, calls, on, saved = {}, {}, [False], []
+    def timed(cls, name):
+        f, own = getattr(cls, name), name in cls.__dict__
+        def g(*a, **k):
+            if not on[0]: return f(*a, **k)
+            mx.eval(_arrays(list(a[1:])))
+            t0 = time.perf_counter(); r = f(*a, **k)
+            mx.eval(_arrays(r) + _arrays(getattr(a[0], "_scores", None)))
+            key = f"{cls.__name__}.{name}"
+            times[key] = times.get(key, 0.0) + time.perf_counter() - t0; calls[key] = calls.get(key, 0) + 1
+            return r
+        saved.append((cls, name, f if own else None)); setattr(cls, name, g)
+    try:
+        for cls, names in ((EvictingCache, PROFILED["cache"]), (KiviStorage, PROFILED["storage_kivi"])):
+            for name in names: timed(cls, name)
+        rows, lasts = staggered(model, caches, last, B, stagger)
+        gen = GenerationBatch(model, list(range(B)), mx.array(lasts), _merge_caches(rows), [[] for _ in range(B)], [],
+                              lambda x: mx.argmax(x, axis=-1), [], [StopSequences()] * B, [10**9] * B)
+        for _ in range(warmup): gen.next()
+        mx.synchronize()
+        out = []
+        for _ in range(steps):
+            times.clear(); calls.clear(); on[0] = True
+            t0 = time.perf_counter(); gen.next(); mx.synchronize()
+            on[0] = False
+            out.append(dict(ms=1e3 * (time.perf_counter() - t0),
+                            pieces={k: dict(ms=1e3 * v, calls=calls[k]) for k, v in times.items()}))
+        return out
+    finally:
+        for cls, name, f in saved: setattr(cls, name, f) if f is not None else delattr(cls, name)
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c130000d
 def combine(rounds:list)->dict:
@@ -295,4 +341,30 @@ def main(argv=None):
     if a.out and os.path.exists(a.out + ".partial"): os.remove(a.out + ".partial")
     print(format_results(res))
     if a.images: plot_results(res, a.images, "batch_speed_quick" if a.quick else "batch_speed")
+    return res
+
+# %% ../../nbs/13a_eval_batch_bench.ipynb #d8d16eaf
+DEFAULT_LABEL = "chunkkv[chunk=16,slack=7,kv_fraction=0.25,window_method=streamingllm,kv_bits=auto]"  # the default at 25 %
+
+def profile_main(argv=None):
+    "Command line: `python scripts/profile_batch_step.py [--model M] [--length N] [--rows B] [--out PATH]`."
+    import argparse
+    from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder
+    ap = argparse.ArgumentParser(description="where a batch step's time goes (pieces timed inclusively)")
+    ap.add_argument("--model", default="smollm2"); ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--rows", type=int, default=16); ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--stagger", type=int, default=0); ap.add_argument("--label", default=DEFAULT_LABEL)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    model, tok = load_bench_model(a.model)
+    ids = prompt_ids(tok, a.length)
+    caches = KVCacheBuilder.for_model(model, KVCacheConfig.from_label(a.label))
+    prefill(model, ids, caches, 2048)
+    steps = profile_steps(model, caches, ids[-1], a.rows, a.steps, 2, a.stagger)
+    res = dict(machine=machine_info(), settings=vars(a), steps=steps)
+    if a.out:
+        with open(a.out, "w") as f: json.dump(res, f, indent=1)
+    for s in steps:
+        top = sorted(s["pieces"].items(), key=lambda kv: -kv[1]["ms"])[:4]
+        print(f"{s['ms']:8.0f} ms: " + ", ".join(f"{k} {v['ms']:.0f} ms ({v['calls']})" for k, v in top))
     return res
