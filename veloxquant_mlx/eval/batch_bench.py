@@ -11,7 +11,7 @@ from .measure import machine_info
 # %% auto #0
 __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'DEFAULT_LABEL', 'prompt_ids', 'prefill', 'staggered', 'decode_batch',
            'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
-           'batch_headline', 'batch_details', 'plot_results', 'main', 'profile_main']
+           'batch_headline', 'batch_details', 'plot_results', 'main', 'profile_main', 'markdown_step_profile']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -82,8 +82,8 @@ def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache 
     return out
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #4c3773b9
-PROFILED = {"cache": ("_window_mass", "_select", "_settle"),
-            "storage_kivi": ("query_mass", "logits", "mix", "keep", "settle")}  # module -> the members `profile_steps` times
+PROFILED = {"cache": ("_window_mass", "_select", "_settle"),         # module -> the members `profile_steps` times
+            "storage_kivi": ("query_mass", "logits", "mix", "keep", "settle")}
 
 def _arrays(r)->list:
     "The arrays in `r` (an array, or tuples and lists of them)."
@@ -105,9 +105,11 @@ def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
             t0 = time.perf_counter(); r = f(*a, **k)
             mx.eval(_arrays(r) + _arrays(getattr(a[0], "_scores", None)))
             key = f"{cls.__name__}.{name}"
-            times[key] = times.get(key, 0.0) + time.perf_counter() - t0; calls[key] = calls.get(key, 0) + 1
+            times[key] = times.get(key, 0.0) + time.perf_counter() - t0
+            calls[key] = calls.get(key, 0) + 1
             return r
-        saved.append((cls, name, f if own else None)); setattr(cls, name, g)
+        saved.append((cls, name, f if own else None))
+        setattr(cls, name, g)
     try:
         for cls, names in ((EvictingCache, PROFILED["cache"]), (KiviStorage, PROFILED["storage_kivi"])):
             for name in names: timed(cls, name)
@@ -344,16 +346,17 @@ def main(argv=None):
     return res
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #d8d16eaf
-DEFAULT_LABEL = "chunkkv[chunk=16,slack=7,kv_fraction=0.25,window_method=streamingllm,kv_bits=auto]"  # the default at 25 %
+# the default at 25 %, as a label
+DEFAULT_LABEL = "chunkkv[chunk=16,slack=7,kv_fraction=0.25,window_method=streamingllm,kv_bits=auto]"
 
 def profile_main(argv=None):
     "Command line: `python scripts/profile_batch_step.py [--model M] [--length N] [--rows B] [--out PATH]`."
     import argparse
     from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder
     ap = argparse.ArgumentParser(description="where a batch step's time goes (pieces timed inclusively)")
-    ap.add_argument("--model", default="smollm2"); ap.add_argument("--length", type=int, default=2048)
-    ap.add_argument("--rows", type=int, default=16); ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--stagger", type=int, default=0); ap.add_argument("--label", default=DEFAULT_LABEL)
+    for flag, default in (("--model", "smollm2"), ("--length", 2048), ("--rows", 16), ("--steps", 8), ("--stagger", 0),
+                          ("--label", DEFAULT_LABEL)):
+        ap.add_argument(flag, type=type(default), default=default)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     model, tok = load_bench_model(a.model)
@@ -368,3 +371,23 @@ def profile_main(argv=None):
         top = sorted(s["pieces"].items(), key=lambda kv: -kv[1]["ms"])[:4]
         print(f"{s['ms']:8.0f} ms: " + ", ".join(f"{k} {v['ms']:.0f} ms ({v['calls']})" for k, v in top))
     return res
+
+# %% ../../nbs/13a_eval_batch_bench.ipynb #6cf7614e
+def markdown_step_profile(runs:dict)->str: # name -> a `profile_main` result
+    "A markdown table: per run, the median step without and with a choice, and the pieces of a choice step (ms)."
+    import statistics
+    keys = ("EvictingCache._window_mass", "KiviStorage.query_mass", "KiviStorage.logits", "EvictingCache._select",
+            "KiviStorage.keep")
+    lines = ["| model, rows, tokens | step | choice step | " + " | ".join(f"`{k.split('.')[1]}`" for k in keys) + " |",
+             "|---|---:|---:|" + "---:|" * len(keys)]
+    for name, r in runs.items():
+        st = r["steps"]
+        plain = [s["ms"] for s in st if "EvictingCache._select" not in s["pieces"]]
+        choice = [s for s in st if "EvictingCache._select" in s["pieces"]]
+        if not plain or not choice: continue
+        c = max(choice, key=lambda s: s["ms"])
+        cell = lambda k: f"{c['pieces'][k]['ms']:,.0f}" if k in c["pieces"] else "-"
+        a = r["settings"]
+        lines.append(f"| {name}, {a['rows']}, {a['length']:,} | {statistics.median(plain):,.0f} | {c['ms']:,.0f} | "
+                     + " | ".join(cell(k) for k in keys) + " |")
+    return "\n".join(lines)
