@@ -9,7 +9,7 @@ import mlx.core as mx
 from .measure import machine_info
 
 # %% auto #0
-__all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'DEFAULT_LABEL', 'prompt_ids', 'prefill', 'staggered', 'decode_batch',
+__all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'prompt_ids', 'prefill', 'staggered', 'generation_batch', 'decode_batch',
            'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
            'batch_headline', 'batch_details', 'plot_results', 'main', 'profile_main', 'markdown_step_profile']
 
@@ -55,16 +55,20 @@ def staggered(model, caches:list, last:int, # a prefilled one-sequence cache lis
         rows.append(c); lasts.append(t)
     return rows, lasts
 
+def generation_batch(model, caches:list, last:int, B:int, stagger:int=0)->tuple: # as `staggered`
+    "(mlx-lm's `GenerationBatch` over the `staggered` rows, greedy and never stopping; the rows' cache lists)."
+    from mlx_lm.generate import GenerationBatch, StopSequences, _merge_caches
+    rows, lasts = staggered(model, caches, last, B, stagger)
+    gen = GenerationBatch(model, list(range(B)), mx.array(lasts), _merge_caches(rows), [[] for _ in range(B)], [],
+                          lambda x: mx.argmax(x, axis=-1), [], [StopSequences()] * B, [10**9] * B)
+    return gen, rows
+
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c130000a
 def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache list and the prompt's last token
                  B:int, steps:int=8, warmup:int=2, # rows, timed steps, untimed steps first
                  stagger:int=0)->dict: # rows out of step (`staggered`); 0: B copies in step
     "Tokens/s, step times, KV bytes and peak memory of B rows decoding together (mlx-lm's `GenerationBatch`)."
-    from mlx_lm.generate import GenerationBatch, StopSequences, _merge_caches
-    rows, lasts = staggered(model, caches, last, B, stagger)
-    batch = _merge_caches(rows)
-    gen = GenerationBatch(model, list(range(B)), mx.array(lasts), batch, [[] for _ in range(B)], [],
-                          lambda x: mx.argmax(x, axis=-1), [], [StopSequences()] * B, [10**9] * B)
+    gen, rows = generation_batch(model, caches, last, B, stagger)
     for _ in range(warmup): gen.next()
     mx.synchronize()
     mx.reset_peak_memory()
@@ -77,7 +81,7 @@ def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache 
     kv = sum(c.nbytes for c in gen.prompt_cache)
     out = dict(B=B, steps=steps, tok_s=B * steps / sum(times), step_s=times, kv_bytes=kv, kv_bytes_per_row=kv / B,
                peak_bytes=mx.get_peak_memory(), load=[load0, os.getloadavg()[0]])
-    del gen, batch, rows
+    del gen, rows
     mx.clear_cache()
     return out
 
@@ -93,7 +97,6 @@ def _arrays(r)->list:
 def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
                   steps:int=8, warmup:int=2, stagger:int=0)->list: # timed steps, untimed steps first, rows out of step
     "Per timed step: its milliseconds and, per piece in `PROFILED`, its inclusive milliseconds and calls (a JSON list)."
-    from mlx_lm.generate import GenerationBatch, StopSequences, _merge_caches
     from veloxquant_mlx.cache import EvictingCache
     from veloxquant_mlx.storage_kivi import KiviStorage
     times, calls, on, saved = {}, {}, [False], []
@@ -113,9 +116,7 @@ def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
     try:
         for cls, names in ((EvictingCache, PROFILED["cache"]), (KiviStorage, PROFILED["storage_kivi"])):
             for name in names: timed(cls, name)
-        rows, lasts = staggered(model, caches, last, B, stagger)
-        gen = GenerationBatch(model, list(range(B)), mx.array(lasts), _merge_caches(rows), [[] for _ in range(B)], [],
-                              lambda x: mx.argmax(x, axis=-1), [], [StopSequences()] * B, [10**9] * B)
+        gen, _ = generation_batch(model, caches, last, B, stagger)
         for _ in range(warmup): gen.next()
         mx.synchronize()
         out = []
@@ -346,25 +347,23 @@ def main(argv=None):
     return res
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #d8d16eaf
-# the default at 25 %, as a label
-DEFAULT_LABEL = "chunkkv[chunk=16,slack=7,kv_fraction=0.25,window_method=streamingllm,kv_bits=auto]"
-
 def profile_main(argv=None):
     "Command line: `python scripts/profile_batch_step.py [--model M] [--length N] [--rows B] [--out PATH]`."
     import argparse
-    from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder
+    from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder, recommended_config
     ap = argparse.ArgumentParser(description="where a batch step's time goes (pieces timed inclusively)")
-    for flag, default in (("--model", "smollm2"), ("--length", 2048), ("--rows", 16), ("--steps", 8), ("--stagger", 0),
-                          ("--label", DEFAULT_LABEL)):
+    for flag, default in (("--model", "smollm2"), ("--length", 2048), ("--rows", 16), ("--steps", 8), ("--stagger", 0)):
         ap.add_argument(flag, type=type(default), default=default)
+    ap.add_argument("--label", default=None, help="a configuration's label (default: `recommended_config(0.25)`)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     model, tok = load_bench_model(a.model)
     ids = prompt_ids(tok, a.length)
-    caches = KVCacheBuilder.for_model(model, KVCacheConfig.from_label(a.label))
+    cfg = recommended_config(0.25) if a.label is None else KVCacheConfig.from_label(a.label)
+    caches = KVCacheBuilder.for_model(model, cfg)
     prefill(model, ids, caches, 2048)
     steps = profile_steps(model, caches, ids[-1], a.rows, a.steps, 2, a.stagger)
-    res = dict(machine=machine_info(), settings=vars(a), steps=steps)
+    res = dict(machine=machine_info(), settings=dict(vars(a), label=cfg.label), steps=steps)
     if a.out:
         with open(a.out, "w") as f: json.dump(res, f, indent=1)
     for s in steps:
