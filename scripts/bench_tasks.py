@@ -19,6 +19,9 @@ def rows_at(shares):
         rows[f"bytes-plan@{f}"] = recommended_config(f, slack=0)      # the default before time was priced
         rows[f"slack63@{f}"] = recommended_config(f, slack=63)       # the default with a choice per KIVI group
         rows[f"rot@{f}"] = recommended_config(f)                     # the default with its values rotated (a lever)
+        rows[f"dw8@{f}"] = recommended_config(f, decode_window=8)    # decoding choices measure the 8 newest queries
+        rows[f"dw0@{f}"] = recommended_config(f, decode_window=0)    # decoding choices: the accumulated mass alone
+        rows[f"rewindow@{f}"] = recommended_config(f, decode_window=None)   # every decoding choice: the whole window
         if f < 0.2: rows[f"w128@{f}"] = recommended_config(f, slack=0)   # past the ladder: windows of 128, not 256
         if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f, slack=0)   # whole windows, fewer global tokens
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
@@ -89,6 +92,8 @@ def main():
     ap.add_argument("--tasks", default=",".join(KEY_TASKS), help="key tasks to run")
     ap.add_argument("--kinds", default=",".join(TEXT_KINDS), help="continuation kinds to run")
     ap.add_argument("--bounds", action="store_true", help="the bound rows (continuation only) instead of the study's")
+    ap.add_argument("--score-chunk", type=int, default=16,
+                    help="continuation tokens scored per pass (1: a token a step, through the decoding choices)")
     ap.add_argument("--rows", default="", help="only rows whose name starts with one of these (comma-separated)")
     a = ap.parse_args()
     shares = [float(s) for s in a.shares.split(",")]
@@ -99,7 +104,8 @@ def main():
     from veloxquant_mlx.eval.batching import slot_windows
     rows = bound_rows(shares, slot_windows(model), kw["context"]) if a.bounds else rows_at(shares)
     configs = {k: c for k, c in rows.items() if not a.rows or k.startswith(tuple(a.rows.split(",")))}
-    kw |= dict(tasks={t: KEY_TASKS[t] for t in a.tasks.split(",") if t}, kinds=tuple(k for k in a.kinds.split(",") if k))
+    kw |= dict(chunk=a.score_chunk, tasks={t: KEY_TASKS[t] for t in a.tasks.split(",") if t},
+               kinds=tuple(k for k in a.kinds.split(",") if k))
     t0 = time.perf_counter()
     names = {"gemma-3-270m": "Gemma 3 270M", "smollm2-135m": "SmolLM2-135M-Instruct"}
     def settings(): return dict(model=f"{names[embedded_name(a.model)]} (float32, greedy)", shares=shares, quick=a.quick,

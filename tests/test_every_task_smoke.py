@@ -1,6 +1,7 @@
 """A real-model smoke of the every-task study: the default at a quarter of the bytes on SmolLM2-135M (the Llama-family
 model), the second question (one prompt per family) and one text per continuation kind, run now and compared with the
-first prompt and text of the committed study (`nbs/results/every_task_smollm2.json`, made by `scripts/bench_tasks.py --model smollm2`).
+first prompt and text of the committed run of today's default (`nbs/results/every_task_smollm2_default.json`, made by
+`scripts/bench_tasks.py --model smollm2 --tasks second --shares 0.25 --rows default@`).
 
 Greedy decoding in float32 is deterministic on one machine: the answers must be the committed ones word for word,
 and each text's mean NLL per token within 0.002 of the committed one (about 0.2 % of perplexity; a BLAS or thread
@@ -13,7 +14,7 @@ import pytest
 from test_main_command import available
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "nbs" / "results" / "every_task_smollm2.json"
+RESULTS = ROOT / "nbs" / "results" / "every_task_smollm2_default.json"
 ROW = "default@0.25"
 
 @pytest.mark.slow

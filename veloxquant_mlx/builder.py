@@ -325,7 +325,8 @@ def from_label(cls:KVCacheConfig, label:str, # e.g. "pyramidkv[score=key_proxy,b
 DEFAULT_FRACTION = 0.25  # the share of the full cache kept when neither a fraction nor a budget is given
 DEFAULT_SLACK = 7  # a full layer evicts `slack + 1` tokens at once: a choice per 8 steps, 7 float tokens per layer
 RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", kv_bits="auto",
-                   params=dict(chunk=16))  # measured: every task, two families each (the every-task page)
+                   params=dict(chunk=16,   # measured: every task, two families each (the every-task page)
+                               decode_window=0))  # a decoding choice: the mass the steps accumulated (the speed page)
 
 # %% ../nbs/05_builder.ipynb #06dab954
 def recommended_config(kv_fraction:float|None=None, # share of the full cache's bf16 bytes (default DEFAULT_FRACTION)

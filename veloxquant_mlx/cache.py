@@ -457,11 +457,19 @@ def _query_mass(self:EvictingCache, got:dict, queries, keys, values, qpos, scale
 
 # %% ../nbs/03_cache.ipynb #da317dfd
 @patch
-def _window_mass(self:EvictingCache, keys, scale):
-    "The mass the remembered observation queries give each held token."
+def _window_mass(self:EvictingCache, keys, scale, decode:bool=False): # a decoding step's choice: the newest queries
+    "The mass the remembered observation queries give each held token (a decoding choice: its `decode_window`)."
     q, oqpos, _ = self._obs_q
+    n = self._decode_window() if decode else None
+    if n is not None: q, oqpos = q[:, :, q.shape[2] - n:], oqpos[oqpos.shape[0] - n:]
     m = self.store.query_mass(q, keys, self._attn_pos, oqpos, scale, self.spec.window)
     return self._add_scores(self._scores, m)
+
+@patch
+def _decode_window(self:EvictingCache)->int|None:
+    "Queries a decoding step's choice measures (None: every remembered one), at most those remembered."
+    n = getattr(self.policy, "decode_window", None)
+    return None if n is None else min(n, self._obs_q[0].shape[2] if self._obs_q is not None else 0)
 
 # %% ../nbs/03_cache.ipynb #ff131426
 @patch
@@ -484,7 +492,8 @@ def attention(self:EvictingCache, queries, keys, values, scale, mask=None, sinks
     self._scores = p.on_queries(self._scores, lambda: self._query_mass(got, queries, keys, values, qpos, scale, sinks,
                                                                         output), N == 1 and not choosing)
     if "out" not in got and output: got["out"] = self._plain_attention(queries, keys, values, scale, sinks, qpos)
-    if choosing: self._scores = p.on_window(self._scores, lambda: self._window_mass(keys, scale))
+    if choosing and not (decode and self._decode_window() == 0):                 # (0: the accumulated mass chooses)
+        self._scores = p.on_window(self._scores, lambda: self._window_mass(keys, scale, decode))
     self._after_attention(due, decode)
     return got.get("out")
 

@@ -14,8 +14,8 @@ from .policies import _check_int
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SIGNALS
 
 # %% auto #0
-__all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'CHUNK', 'SELECT', 'METHODS',
-           'Param', 'Method', 'keep_all_caches', 'register', 'H2OCache', 'PyramidKVCache', 'SnapKVCache',
+__all__ = ['SCORE', 'BETA', 'STRENGTH', 'SIGNAL', 'RESOLVED', 'OBS_WINDOW', 'KERNEL', 'POOL', 'DECODE_WINDOW', 'CHUNK', 'SELECT',
+           'METHODS', 'Param', 'Method', 'keep_all_caches', 'register', 'H2OCache', 'PyramidKVCache', 'SnapKVCache',
            'SqueezeAttentionCache', 'methods_table']
 
 # %% ../nbs/04a_methods.ipynb #a9a7c9cb
@@ -57,6 +57,8 @@ OBS_WINDOW = Param.of(ObservationWindow, "obs_window",
                       "observation window: the last prompt queries whose attention chooses")
 KERNEL = Param.of(ObservationWindow, "kernel", "pooling width of the observation window's mass (odd; 1 is none)")
 POOL = Param.of(ObservationWindow, "pool", "pooling of the observation window's mass", choices=("avg", "max"))
+DECODE_WINDOW = Param.of(ObservationWindow, "decode_window",
+                         "queries a decoding step's choice measures, the newest (default: the whole window)")
 CHUNK = Param.of(ChunkKV, "chunk", "ChunkKV's chunk length in positions")
 SELECT = Param.of(Policy, "chunk", "keep whole chunks of this many positions (1: single tokens)")
 
@@ -142,7 +144,7 @@ def register(method:Method)->Method:
 
 def _score(p): return policy_for_score(p["score"])
 def _window(cls):
-    return lambda p: cls(**{k: p[k] for k in ("obs_window", "kernel", "pool", "chunk") if k in p})
+    return lambda p: cls(**{k: p[k] for k in ("obs_window", "kernel", "pool", "decode_window", "chunk") if k in p})
 
 register(Method("full", "Full cache", "https://github.com/ml-explore/mlx-lm",
                 "everything (mlx-lm's own caches): the reference every figure is measured against; with "
@@ -161,14 +163,15 @@ register(Method("squeeze", "SqueezeAttention", "https://arxiv.org/abs/2404.04793
                 _score, lambda p: Squeeze(p["strength"], p["signal"], p["resolved_budget"])))
 register(Method("snapkv", "SnapKV", "https://arxiv.org/abs/2404.14469",
                 "what the last prompt queries attend to (pooled), chosen once the prompt is read",
-                (OBS_WINDOW, KERNEL, POOL), _window(ObservationWindow)))
+                (OBS_WINDOW, KERNEL, POOL, DECODE_WINDOW), _window(ObservationWindow)))
 register(Method("streamingllm", "StreamingLLM", "https://arxiv.org/abs/2309.17453",
                 "the attention sinks and the newest tokens", (), lambda p: Recency()))
 register(Method("tova", "TOVA", "https://arxiv.org/abs/2401.06104",
                 "what the current query attends to; the least-attended token goes at each step", (),
                 lambda p: LastQuery()))
 register(Method("chunkkv", "ChunkKV", "https://arxiv.org/abs/2502.00299",
-                "SnapKV's score, kept in whole chunks of consecutive tokens", (OBS_WINDOW, KERNEL, POOL, CHUNK),
+                "SnapKV's score, kept in whole chunks of consecutive tokens",
+                (OBS_WINDOW, KERNEL, POOL, DECODE_WINDOW, CHUNK),
                 _window(ChunkKV)))
 register(Method("keynorm", "Key norm", "https://arxiv.org/abs/2406.11430",
                 "the keys of lowest L2 norm (question-agnostic: no queries)", (SELECT,), lambda p: KeyNorm(p["chunk"])))

@@ -109,12 +109,14 @@ class ObservationWindow(Policy):
     obs_window:int = 32 # the observation window: last prompt queries whose attention chooses
     kernel:int = 7 # pooling width along the sequence (odd; 1 = no pooling)
     pool:str = "avg" # "avg" (the reference implementation) or "max"
+    decode_window:int|None = None # a decoding step's choice measures with the newest this many (None: `obs_window`)
     name:ClassVar[str] = "window"
     needs_queries:ClassVar[bool] = True
 
     def __post_init__(self):
         super().__post_init__()
         _check_int("obs_window", self.obs_window, 1)
+        if self.decode_window is not None: _check_int("decode_window", self.decode_window, 0)
         pool_mass(mx.zeros(1), self.kernel, self.pool)                    # validates kernel and pool
 
 

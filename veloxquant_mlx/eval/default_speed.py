@@ -16,8 +16,8 @@ __all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', '
            'markdown_profile_table', 'markdown_costs_table', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
-KINDS = ("full", "default@0.25", "default@0.125", "per-step@0.125", "slack63@0.125", "bytes-plan@0.25",
-         "bytes-plan@0.125", "float@0.125", "kivi4", "mlx-q4")
+KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
+         "float@0.125", "kivi4", "mlx-q4")
 
 def kind_caches(model, kind:str)->list: # one of `KINDS`
     "The per-layer caches of a benchmark kind."
@@ -26,6 +26,10 @@ def kind_caches(model, kind:str)->list: # one of `KINDS`
     if name == "default": return KVCacheBuilder.for_model(model, recommended_config(float(share)))
     if name == "per-step": return KVCacheBuilder.for_model(model, recommended_config(float(share), slack=0))
     if name == "slack63": return KVCacheBuilder.for_model(model, recommended_config(float(share), slack=63))
+    if name.startswith("dw") and name[2:].isdigit():             # decoding choices measure the newest n queries
+        return KVCacheBuilder.for_model(model, recommended_config(float(share), decode_window=int(name[2:])))
+    if name == "rewindow":                                         # every decoding choice measures the whole window
+        return KVCacheBuilder.for_model(model, recommended_config(float(share), decode_window=None))
     if name == "bytes-plan":                                   # the byte planner alone, one eviction per step
         caches = KVCacheBuilder.for_model(model, recommended_config(float(share), slack=0))
         coordinator_of(caches).costs = None
@@ -57,13 +61,13 @@ def run_context(model, ids:list, # the prompt's token ids
     if log: log(f"  {len(ids)} tokens: " + ", ".join(f"{k} {1e3 * statistics.median(v):.0f} ms" for k, v in samples.items()))
     plan = lambda k: getattr(coordinator_of(caches[k]), "time_note", None) if "@" in k else None
     bits = lambda k: sorted({c.store.bits for c in caches[k] if hasattr(getattr(c, "store", None), "bits")})
-    return {k: dict(prefill_s=pre[k], step_ms=1e3 * statistics.median(samples[k]), samples_ms=[1e3 * x for x in samples[k]],
+    return {k: dict(prefill_s=pre[k], step_ms=1e3 * statistics.median(samples[k]),
+                    mean_ms=1e3 * statistics.mean(samples[k]), samples_ms=[1e3 * x for x in samples[k]],
                     bits=bits(k), note=plan(k)) for k in kinds}
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #de193b3e
 CONTEXTS = {"smollm2": (2048, 8100), "gemma3": (2048, 8192)}   # SmolLM2: within its 8,192 tokens
-LONG_KINDS = ("full", "default@0.25", "default@0.125", "per-step@0.125", "slack63@0.125", "bytes-plan@0.25",
-              "float@0.125")  # past 4k
+LONG_KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "float@0.125")  # past 4k
 QUICK = dict(contexts={"smollm2": (1024, 2048)}, steps=6, kinds=("full", "default@0.25", "default@0.125", "float@0.125"))
 
 def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
@@ -93,16 +97,25 @@ def load_runs(*paths)->dict:
     return dict(results={m: r for run in runs for m, r in run["results"].items()},
                 settings=[run["settings"] for run in runs])
 
+def _mean_ms(v:dict): return statistics.mean(v["samples_ms"]) if v.get("samples_ms") else None
+
 def speed_rows(res:dict)->list:
-    "(model, context, kind, step ms, speed vs full, prefill vs full) rows of a run."
+    "(model, context, kind, step ms, speed vs full by medians and by means, prefill vs full) rows of a run."
     rows = []
     for model, by_n in res.items():
         for n, kinds in by_n.items():
             full = kinds["full"]
             for k, v in kinds.items():
+                m, fm = _mean_ms(v), _mean_ms(full)
                 rows.append(dict(model=model, context=int(n), kind=k, step_ms=v["step_ms"],
-                                 speed=full["step_ms"] / v["step_ms"], prefill=v["prefill_s"] / full["prefill_s"]))
+                                 speed=full["step_ms"] / v["step_ms"], mean_speed=fm / m if m and fm else None,
+                                 prefill=v["prefill_s"] / full["prefill_s"]))
     return rows
+
+def _speed_cell(r:dict)->str:
+    "A step's median and speed, and the speed over every step (choices included) where the samples allow."
+    mean = f"; every step {r['mean_speed']:.2f}x" if r.get("mean_speed") else ""
+    return f"{r['step_ms']:.0f} ms ({r['speed']:.2f}x{mean})"
 
 def markdown_speed_table(res:dict, model:str)->str:
     "A markdown table of one model's step times and speeds, a column per context."
@@ -110,8 +123,7 @@ def markdown_speed_table(res:dict, model:str)->str:
     ns, kinds = sorted({r["context"] for r in rows}), list(dict.fromkeys(r["kind"] for r in rows))
     cell = {(r["kind"], r["context"]): r for r in rows}
     head = "| kind | " + " | ".join(f"{n:,} tokens" for n in ns) + " |\n|---|" + "---:|" * len(ns)
-    line = lambda k: f"| {k} | " + " | ".join(f"{cell[k, n]['step_ms']:.0f} ms ({cell[k, n]['speed']:.2f}x)"
-                                             if (k, n) in cell else "-" for n in ns) + " |"
+    line = lambda k: f"| {k} | " + " | ".join(_speed_cell(cell[k, n]) if (k, n) in cell else "-" for n in ns) + " |"
     return "\n".join([head] + [line(k) for k in kinds])
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #2ad8492f
@@ -119,7 +131,7 @@ NAMES = {"smollm2": "SmolLM2-135M", "gemma3": "Gemma 3 270M"}
 
 def speed_headline(res:dict, # a run's `results`
                    kinds:tuple=("default@0.25", "default@0.125"), # the rows to describe
-                   before:str="slack63@0.125", # the row it replaced (the previous round's default)
+                   before:str="rewindow@0.25", # the row it replaced (the previous round's default)
                   )->str:
     "Per model and context: each kind's decode speed and prefill time against the full cache's."
     rows, out = speed_rows(res), []
@@ -127,8 +139,10 @@ def speed_headline(res:dict, # a run's `results`
         parts = []
         for n in sorted({r["context"] for r in rows if r["model"] == m}):
             cell = {r["kind"]: r for r in rows if r["model"] == m and r["context"] == n}
-            got = [f"{cell[k]['speed']:.2f}x at {k.split('@')[1]}" for k in kinds if k in cell]
-            was = f" (before: {cell[before]['speed']:.2f}x at {before.split('@')[1]})" if before in cell else ""
+            every = lambda r: f" ({r['mean_speed']:.2f}x over every step)" if r.get("mean_speed") else ""
+            got = [f"{cell[k]['speed']:.2f}x{every(cell[k])} at {k.split('@')[1]}" for k in kinds if k in cell]
+            was = (f" (before: {cell[before]['speed']:.2f}x{every(cell[before])} at {before.split('@')[1]})"
+                   if before in cell else "")
             pre = f", prefill {cell[kinds[0]]['prefill']:.2f}x the full cache's time" if kinds[0] in cell else ""
             parts.append(f"{n:,} tokens: " + ", ".join(got) + was + pre)
         out.append(f"{NAMES.get(m, m)}: " + "; ".join(parts))
@@ -136,17 +150,18 @@ def speed_headline(res:dict, # a run's `results`
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #6306978c
 def plot_default_speed(res:dict):
-    "Speed against the full cache by context, one panel per model, one line per kind."
+    "Speed over every step (choices included) against the full cache's by context: a panel per model, a line per kind."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows, models = speed_rows(res), list(res)
     fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 3.8), squeeze=False)  # shown unscaled
     for ax, m in zip(axes[0], models):
         for k in dict.fromkeys(r["kind"] for r in rows if r["model"] == m):
-            pts = sorted((r["context"], r["speed"]) for r in rows if r["model"] == m and r["kind"] == k)
+            pts = sorted((r["context"], r["mean_speed"] or r["speed"]) for r in rows
+                         if r["model"] == m and r["kind"] == k)
             ax.plot(*zip(*pts), marker="o", label=k, linestyle="--" if k.startswith("bytes-plan") else "-")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set(xlabel="prompt tokens", ylabel="decode speed / full cache's", title=NAMES.get(m, m))
+        ax.set(xlabel="prompt tokens", ylabel="tokens/s / full cache's (every step)", title=NAMES.get(m, m))
         ax.set_xticks(sorted({r["context"] for r in rows if r["model"] == m}))
         ax.legend(fontsize=9)
     fig.tight_layout()
@@ -219,9 +234,9 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="only the per-operation profile (`op_profile`)")
     ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
     ap.add_argument("--long-kinds", default=None, help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
-    ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 16)")
+    ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 24: three choices)")
     a = ap.parse_args(argv)
-    cfg = dict(QUICK, long_kinds=None) if a.quick else dict(contexts=dict(CONTEXTS), steps=16, kinds=KINDS,
+    cfg = dict(QUICK, long_kinds=None) if a.quick else dict(contexts=dict(CONTEXTS), steps=24, kinds=KINDS,
                                                         long_kinds=LONG_KINDS)
     if a.models: cfg["contexts"] = {m: CONTEXTS[m] for m in a.models.split(",")}
     if a.kinds: cfg["kinds"] = tuple(a.kinds.split(","))

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from ..builder import KVCacheConfig, KVCacheBuilder
+from ..builder import KVCacheConfig, KVCacheBuilder, recommended_config
 from ..models import prose_text
 from . import prompts as P, measure as M, batching as B
 
 # %% auto #0
 __all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'code_text', 'continuation_texts', 'KeyFamily', 'key_set',
            'config_row', 'key_answers', 'continuation_nll', 'every_task', 'task_table', 'markdown_task_table',
-           'plot_frontier', 'every_task_headline']
+           'plot_frontier', 'every_task_headline', 'default_rows_note']
 
 # %% ../../nbs/15_every_task.ipynb #74601d9d
 def code_text(n_chars:int, # roughly how many characters of source to return
@@ -183,6 +183,7 @@ def every_task(model, tokenizer, rows:dict, # name -> model -> prompt cache
                kinds:tuple=TEXT_KINDS, # continuation text kinds
                log=print, # progress lines
                on_result=None, # called with the results so far after each family and kind (e.g. to save them)
+               chunk:int=16, # continuation: tokens scored per pass (1: a token a step, as generation decodes)
               )->dict:
     "{'keys': {task: {family: {row: [answers]}}}, 'continuation': {kind: {row: nll dict}}} over every task kind."
     out, t0 = dict(keys={}, continuation={}), time.perf_counter()
@@ -194,7 +195,7 @@ def every_task(model, tokenizer, rows:dict, # name -> model -> prompt cache
             log(f"{task}/{fam}: " + ", ".join(f"{k} {sum(r['exact'] for r in v)}/{len(v)}" for k, v in res.items())
                 + f" [{time.perf_counter() - t0:.0f} s]")
     for kind in kinds:
-        res = continuation_nll(model, continuation_texts(tokenizer, kind, n_texts, context), rows, context)
+        res = continuation_nll(model, continuation_texts(tokenizer, kind, n_texts, context), rows, context, chunk)
         out["continuation"][kind] = res
         if on_result: on_result(out)
         log(f"{kind}: " + ", ".join(f"{k} {math.exp(v['nll'] / v['tokens']):.2f}" for k, v in res.items())
@@ -278,3 +279,14 @@ def every_task_headline(res:dict, # results of `every_task`
         out.append(f"at **{t['row'].split('@')[1]}** of the full cache's bytes (held: {t['bytes']:.3f}) it answers "
                    f"{hits}, and changes perplexity by {ppl}")
     return "; ".join(out) + "."
+
+# %% ../../nbs/15_every_task.ipynb #a4761bfd
+def default_rows_note(res:dict)->str: # results of `every_task` (with their settings)
+    "A sentence naming the configuration of `default@F` rows that ran another default than today's ('' if none did)."
+    today = lambda r: recommended_config(float(r.split("@")[1])).label
+    rows = res.get("settings", {}).get("rows", {})
+    old = [r for r, label in rows.items() if r.startswith("default@") and label != today(r)]
+    if not old: return ""
+    r, shares = old[0], ", ".join(r.split("@")[1] for r in old)
+    return (f"(In this run `default` at {shares} is the default of its day, `{rows[r]}` at {r.split('@')[1]}; "
+            f"today's is `{today(r)}`.)")
