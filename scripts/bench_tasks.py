@@ -20,7 +20,6 @@ def rows_at(shares):
         rows[f"slack63@{f}"] = recommended_config(f, slack=63)       # the default with a choice per KIVI group
         rows[f"rot@{f}"] = recommended_config(f)                     # the default with its values rotated (a lever)
         rows[f"dw8@{f}"] = recommended_config(f, decode_window=8)    # decoding choices measure the 8 newest queries
-        rows[f"dw0@{f}"] = recommended_config(f, decode_window=0)    # decoding choices: the accumulated mass alone
         rows[f"rewindow@{f}"] = recommended_config(f, decode_window=None)   # every decoding choice: the whole window
         if f < 0.2: rows[f"w128@{f}"] = recommended_config(f, slack=0)   # past the ladder: windows of 128, not 256
         if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f, slack=0)   # whole windows, fewer global tokens
