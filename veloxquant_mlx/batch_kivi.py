@@ -350,12 +350,14 @@ def kivi_choose_alone(bl, queries, out, P, S, scale:float, sinks)->tuple:
     "The full rows' attention and choice as layers of their own; their outputs in `out`; the rows back in the stack."
     alone, bl._alone, rows, own = bl._alone, None, bl.rows, {}
     for idx, layer, kv in alone:
-        o = layer.attention(queries[mx.array(idx)], *kv, scale=scale, sinks=sinks)
-        own.update({b: o[j:j + 1] for j, b in enumerate(idx)})
-    out = _set_rows(out, list(own), mx.concatenate(list(own.values())))   # runs of slices, one concatenation
+        stacked = layer._pending                     # it chooses after attending what its stacked rows attended
+        o = layer.attention(queries[mx.array(idx)], *kv, scale=scale, sinks=sinks, output=not stacked)
+        if not stacked: own.update({b: o[j:j + 1] for j, b in enumerate(idx)})
+    if own: out = _set_rows(out, list(own), mx.concatenate(list(own.values())))   # runs of slices, one concatenation
     if not kivi_stackable([layer.store for _, layer, _ in alone], bl._kivi.fmt):
+        chose = {b for idx, _, _ in alone for b in idx}
         for b, r in enumerate(rows):
-            if b not in own: bl._give_back(b, r)
+            if b not in chose: bl._give_back(b, r)
         for idx, layer, _ in alone: kivi_split(bl, idx, layer)
         bl._packed = bl._obs = bl._kivi = None
         return out, None, None

@@ -10,9 +10,9 @@ from fastcore.basics import patch
 from .h2o import attention_with_mass, query_mass, visible, HeldArrays
 
 # %% auto #0
-__all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'DEQUANTIZE_ROWS', 'check_kv_format', 'pack_bits', 'affine_params',
-           'encode_groups', 'quantize_groups', 'dequantize_groups', 'bf16_nbytes', 'Storage', 'FloatStorage',
-           'QuantizedStorage']
+__all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'PACKED_SPLIT', 'DEQUANTIZE_ROWS', 'check_kv_format', 'pack_bits',
+           'affine_params', 'encode_groups', 'quantize_groups', 'dequantize_groups', 'bf16_nbytes', 'Storage',
+           'FloatStorage', 'QuantizedStorage', 'split_quantized_matmul']
 
 # %% ../nbs/03a_storage.ipynb #st000007
 KV_BITS = (2, 3, 4, 5, 6, 8)  # bits per stored element (what mx.quantized_matmul reads)
@@ -390,6 +390,43 @@ def _adopt(self:QuantizedStorage, keys, values):
                              "quantizes in groups along head_dim")
     self._dims, self.dtype = (*keys.shape[:2], keys.shape[3], values.shape[3]), keys.dtype
 
+# %% ../nbs/03a_storage.ipynb #11296f3c
+PACKED_SPLIT = {"cpu": None, "gpu": None}  # per device: (parts, least multiply-adds cut), None: never (see above)
+_MORE_STREAMS = {}                                  # device -> the streams made for the parts after the first
+
+def _split_parts(work:int)->int:
+    "Streams a packed product of `work` multiply-adds is split over on the default device (1: not split)."
+    at = PACKED_SPLIT.get("gpu" if mx.default_device().type == mx.gpu else "cpu")
+    return 1 if at is None or work < at[1] else at[0]
+
+def _streams(n:int)->list:
+    "The current stream of the default device and `n - 1` more (made once, kept)."
+    d = mx.default_device()
+    more = _MORE_STREAMS.setdefault(str(d), [])
+    while len(more) < n - 1: more.append(mx.new_stream(d))
+    return [mx.default_stream(d), *more[:n - 1]]
+
+# %% ../nbs/03a_storage.ipynb #340b8fe0
+def split_quantized_matmul(x, packed, scales, biases, # as `mx.quantized_matmul`; `packed` `[..., R, C]`
+                           transpose:bool, group_size:int, bits:int, # as `mx.quantized_matmul`
+                           parts:int|None=None)->mx.array: # streams to split over (None: `_split_parts` of the work)
+    "`mx.quantized_matmul`, cut between batch rows or packed rows over several streams when that is faster."
+    qmm = lambda a, p, s, b: mx.quantized_matmul(a, p, s, b, transpose=transpose, group_size=group_size, bits=bits)
+    R = packed.shape[-2]
+    n = _split_parts(math.prod(x.shape[:-1]) * R * packed.shape[-1] * 32 // bits) if parts is None else parts
+    if n < 1: raise ValueError(f"`parts` must be at least 1, got {parts!r}")
+    by_rows = packed.ndim < 3 or packed.shape[0] < n or x.shape[0] != packed.shape[0]    # else: cut between batch rows
+    size = R if by_rows else packed.shape[0]
+    n = min(n, size)
+    if n == 1: return qmm(x, packed, scales, biases)
+    cuts, outs = [size * i // n for i in range(n + 1)], []
+    for st, a, e in zip(_streams(n), cuts, cuts[1:]):
+        with mx.stream(st):
+            if not by_rows: outs.append(qmm(x[a:e], packed[a:e], scales[a:e], biases[a:e]))
+            else: outs.append(qmm(x if transpose else x[..., a:e], *(m[..., a:e, :] for m in (packed, scales, biases))))
+    if not by_rows: return mx.concatenate(outs, axis=0)
+    return mx.concatenate(outs, axis=-1) if transpose else sum(outs[1:], outs[0])
+
 # %% ../nbs/03a_storage.ipynb #75d24500
 DEQUANTIZE_ROWS = {"cpu": 8, "gpu": None}  # query rows from which a product dequantizes first (None: never), per device
 
@@ -406,7 +443,7 @@ def _qmm(self:QuantizedStorage, x, packed, scales, biases, transpose:bool):
     if _dequantize_first(math.prod(x.shape[2:-1])):                        # query heads of a group times queries
         w = mx.dequantize(p, s, b, group_size=self.group_size, bits=self.bits)
         y = x @ (w.swapaxes(-1, -2) if transpose else w)
-    else: y = mx.quantized_matmul(x, p, s, b, transpose=transpose, group_size=self.group_size, bits=self.bits)
+    else: y = split_quantized_matmul(x, p, s, b, transpose, self.group_size, self.bits)  # `PACKED_SPLIT`: parts
     return y if y.dtype == mx.float32 else y.astype(mx.float32)
 
 # %% ../nbs/03a_storage.ipynb #8c3cfb6c

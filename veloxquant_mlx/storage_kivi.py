@@ -254,8 +254,9 @@ def _keep_order(idx, # [B, H, n]: the kept slots, ascending, n >= P
 
 # %% ../nbs/03a2_kivi_storage.ipynb #36adb6e9
 @patch
-def _fill_holes(self:KiviStorage, hole, src):
-    "The hole-local refill for the `r` holes at most a choice leaves: `hole` `[B, H, P]`, each one's residual `src`."
+def _fill_holes(self:KiviStorage, hole, src, # `[B, H, P]`: the holes a choice leaves, the residual slot filling each
+                groups:int|None=None): # key groups refilled per row (None: as many as there can be)
+    "The hole-local refill: the value rows of the `r` holes at most a choice leaves, and the key groups they touch."
     G, (B, H, P), r = self.group_size, hole.shape, self.kr.shape[2]
     R = min(r, P)
     rank = mx.where(hole, 0, P) + mx.arange(P, dtype=mx.int32)                  # holes first, in slot order
@@ -268,16 +269,23 @@ def _fill_holes(self:KiviStorage, hole, src):
                     for a, n in zip(self.vp, new))
     kq, ks, kb = self.kp
     D, nG = ks.shape[2], ks.shape[3]
-    g = at // G                                                                  # [B, H, R]: each hole's group
+    U = min(R, nG) if groups is None else groups
+    dirty = hole.reshape(B, H, nG, G).any(axis=-1)                              # [B, H, nG]: lost a member
+    g = mx.argsort(mx.where(dirty, 0, nG) + mx.arange(nG, dtype=mx.int32), axis=-1)[:, :, :U].astype(mx.int32)
     by_group = (kq.reshape(B, H, D, nG, -1), ks[..., None], kb[..., None])        # groups along axis 3
-    pick = lambda a: mx.take_along_axis(a, mx.broadcast_to(g[:, :, None, :, None], (B, H, D, R, a.shape[4])), axis=3)
-    words, scales, biases = (pick(a) for a in by_group)
-    member = lambda a: mx.take_along_axis(a.reshape(B, H, nG, G), g[..., None], axis=2).reshape(B, H, R * G)
-    fk = fill(self.kr, member(src))                                              # [B, H, R * G, D]: their fillers
+    at_g = lambda a: mx.broadcast_to(g[:, :, None, :, None], (B, H, D, U, a.shape[4]))
+    words, scales, biases = (mx.take_along_axis(a, at_g(a), axis=3) for a in by_group)
+    member = lambda a: mx.take_along_axis(a.reshape(B, H, nG, G), g[..., None], axis=2).reshape(B, H, U * G)
+    fk = fill(self.kr, member(src))                                              # [B, H, U * G, D]: their fillers
     out = self._refill_keys(words.reshape(B, H, D, -1), scales[..., 0], biases[..., 0], member(hole), fk)
-    back = lambda a, n: mx.put_along_axis(a, mx.broadcast_to(g[:, :, None, :, None], (B, H, D, R, a.shape[4])),
-                                          n.reshape(B, H, D, R, -1), axis=3)
+    back = lambda a, n: mx.put_along_axis(a, at_g(a), n.reshape(B, H, D, U, -1), axis=3)
     self.kp = tuple(back(a, n).reshape(o.shape) for a, n, o in zip(by_group, out, self.kp))
+
+@patch
+def _dirty_groups(self:KiviStorage, hole)->int: # `hole` `[B, H, P]`
+    "The most key groups one row's holes touch (at least 1): one host read, once per choice."
+    B, H, P = hole.shape
+    return max(1, hole.reshape(B, H, P // self.group_size, self.group_size).any(axis=-1).sum(axis=-1).max().item())
 
 # %% ../nbs/03a2_kivi_storage.ipynb #7b168c02
 KiviStorage._fill_holes_fast = _compiled(KiviStorage._fill_holes)   # a decoding choice's refill, compiled
@@ -294,7 +302,8 @@ def keep(self:KiviStorage, idx, count:int):
         return idx
     if r == 0: return idx                                                       # n == P == count: nothing moves
     hole, src, order = _keep_order(idx, P, count)
-    self._fill_holes_fast(hole, src)
+    most = min(r, P // self.group_size)                                         # groups the holes can touch
+    self._fill_holes_fast(hole, src, self._dirty_groups(hole) if most > 1 else 1)   # (a read: once per choice)
     rest = (idx[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(self.kr, rest, axis=2), mx.take_along_axis(self.vr, rest, axis=2)
     return order
