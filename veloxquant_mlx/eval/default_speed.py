@@ -11,33 +11,29 @@ from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordin
 from ..cache import cache_arrays
 
 # %% auto #0
-__all__ = ['KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context', 'run_all', 'load_runs',
-           'speed_rows', 'markdown_speed_table', 'speed_headline', 'plot_default_speed', 'op_profile',
-           'markdown_profile_table', 'markdown_costs_table', 'main']
+__all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context',
+           'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table', 'speed_headline', 'plot_default_speed',
+           'op_profile', 'markdown_profile_table', 'markdown_costs_table', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
          "float@0.125", "kivi4", "mlx-q4")
+SHARE_KINDS = {  # a kind `name@share` is `recommended_config(share, **SHARE_KINDS[name])` (`dwN@share`: decode_window=N)
+    "default": {}, "per-step": dict(slack=0), "slack63": dict(slack=63), "rewindow": dict(decode_window=None),
+    "bytes-plan": dict(slack=0), "float": dict(kv_bits=None)}
+FIXED_KINDS = {"kivi4": KVCacheConfig("full", kv_bits=4), "mlx-q4": KVCacheConfig("full", kv_bits=4, kv_scheme="mlx")}
 
-def kind_caches(model, kind:str)->list: # one of `KINDS`
+def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIXED_KINDS`, `dwN` at a share)
     "The per-layer caches of a benchmark kind."
     if kind == "full": return make_prompt_cache(model)
+    if kind in FIXED_KINDS: return KVCacheBuilder.for_model(model, FIXED_KINDS[kind])
     name, _, share = kind.partition("@")
-    if name == "default": return KVCacheBuilder.for_model(model, recommended_config(float(share)))
-    if name == "per-step": return KVCacheBuilder.for_model(model, recommended_config(float(share), slack=0))
-    if name == "slack63": return KVCacheBuilder.for_model(model, recommended_config(float(share), slack=63))
-    if name.startswith("dw") and name[2:].isdigit():             # decoding choices measure the newest n queries
-        return KVCacheBuilder.for_model(model, recommended_config(float(share), decode_window=int(name[2:])))
-    if name == "rewindow":                                         # every decoding choice measures the whole window
-        return KVCacheBuilder.for_model(model, recommended_config(float(share), decode_window=None))
-    if name == "bytes-plan":                                   # the byte planner alone, one eviction per step
-        caches = KVCacheBuilder.for_model(model, recommended_config(float(share), slack=0))
-        coordinator_of(caches).costs = None
-        return caches
-    if name == "float": return KVCacheBuilder.for_model(model, recommended_config(float(share), kv_bits=None))
-    if kind == "kivi4": return KVCacheBuilder.for_model(model, KVCacheConfig("full", kv_bits=4))
-    if kind == "mlx-q4": return KVCacheBuilder.for_model(model, KVCacheConfig("full", kv_bits=4, kv_scheme="mlx"))
-    raise ValueError(f"kind={kind!r} is not one of {KINDS}")
+    dw = name[:2] == "dw" and name[2:].isdigit()                    # decoding choices measure the newest n queries
+    over = dict(decode_window=int(name[2:])) if dw else SHARE_KINDS.get(name)
+    if over is None or not share: raise ValueError(f"kind={kind!r} is not one of {KINDS}")
+    caches = KVCacheBuilder.for_model(model, recommended_config(float(share), **over))
+    if name == "bytes-plan": coordinator_of(caches).costs = None   # the byte planner alone: widths priced in bytes
+    return caches
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #afa983ad
 def _sync(out, caches): mx.eval(out, [a for c in caches for a in cache_arrays(c)])
