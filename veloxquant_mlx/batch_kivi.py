@@ -118,7 +118,7 @@ def kivi_row(rows:KiviRows, b:int, # the stacked rows, which one
     vp = tuple(own(a[:, :, :P]) for a in rows.vp)
     if not P: kp = vp = (None, None, None)
     keys, values = [*kp, own(rows.kr[:, :, :R])], [*vp, own(rows.vr[:, :, :R])]
-    meta = dict(scheme="kivi", bits=bits, group_size=G, prefix=P, repacks=rows.repacks[b],
+    meta = dict(scheme=KiviStorage.scheme, bits=bits, group_size=G, prefix=P, repacks=rows.repacks[b],
                 **({"rotate": True} if rows.fmt.rotate else {}))
     held = lambda a: mx.contiguous(mx.concatenate([a[b:b + 1, :, :P], a[b:b + 1, :, Pc:Pc + R]], axis=2))
     return keys, values, meta, held(positions), held(scores)

@@ -17,7 +17,7 @@ from .planner import KVPlan, WeightedFraction
 from .methods import METHODS, SCORE, SIGNAL, BETA, STRENGTH
 from .policies import _check_int
 from .allocators import _check_real
-from .storage import make_storage, check_kv_format, bf16_nbytes
+from .storage import make_storage, check_kv_format, bf16_nbytes, DEFAULT_SCHEME
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'DEFAULT_SLACK', 'RECOMMENDED', 'knob',
@@ -80,7 +80,7 @@ class KVCacheConfig:
     # 'kivi' (default: keys per channel, values per token, the newest tokens in full precision), 'group' (mlx-lm's
     # layout: per-token groups along head_dim), or with `method` full 'mlx' (mlx-lm's own QuantizedKVCache: global
     # layers only)
-    kv_scheme:str = knob("kivi")
+    kv_scheme:str = knob(DEFAULT_SCHEME)
     # the sliding-window layers' bits when they differ from `kv_bits` (16: the model's dtype)
     window_kv_bits:int|None = knob(None)
     # how the layers share the budget, over any method's policy (default: the method's own)
@@ -206,9 +206,9 @@ def _check_window_bits(self:KVCacheConfig, mlx:bool): # is the scheme mlx-lm's o
 @patch
 def _check_auto(self:KVCacheConfig):
     "`kv_bits='auto'`: the byte planner chooses every layer's width from `kv_fraction` at the prompt's end."
-    check_kv_format(4, self.kv_group_size, "kivi", self.head_dim)
+    check_kv_format(4, self.kv_group_size, DEFAULT_SCHEME, self.head_dim)
     why = ("needs `kv_fraction` (the share of bytes to plan)" if self.kv_fraction is None else
-           "needs kv_scheme='kivi'" if self.kv_scheme != "kivi" else
+           f"needs kv_scheme={DEFAULT_SCHEME!r}" if self.kv_scheme != DEFAULT_SCHEME else
            "chooses the widths itself: drop `window_kv_bits`" if self.window_kv_bits is not None else
            "needs an eviction method" if not self.entry.budgeted or self.entry.baseline else None)
     if why: raise ValueError(f"`kv_bits`='auto' {why} (method {self.method!r}, kv_fraction={self.kv_fraction})")

@@ -242,18 +242,21 @@ def full_slots(n_tokens:int, # tokens seen (the prompt's length)
     return [n_tokens if w is None else min(n_tokens, w) for w in windows]
 
 # %% ../nbs/04_coordinator.ipynb #7ad84dbb
+from .storage import layout, DEFAULT_SCHEME
+
 def slot_bytes(bits:int|None, # bits per stored element; None (or 16) for the model's dtype
                group_size:int=64, # elements sharing one 16-bit scale and bias
+               scheme:str=DEFAULT_SCHEME, # the storage layout (`layout`)
               )->float:
-    "Bytes of one kept token relative to bfloat16: packed bits plus a scale and a bias per group (1.0 for floats)."
-    return 1.0 if bits in (None, 16) else bits / 16 + 2 / group_size
+    "Bytes of one kept token relative to bfloat16, as its layout prices it (`token_bytes`; 1.0 for floats)."
+    return layout(bits, scheme).token_bytes(bits, group_size)
 
 def residual_slots(bits:int|None, # bits per stored element (None: the model's dtype)
-                   group_size:int=64, # tokens per quantized group
-                   scheme:str="kivi", # KIVI keeps up to a group of newest tokens in full precision
+                   group_size:int=64, # elements per scale and bias (KIVI: tokens per packed group)
+                   scheme:str=DEFAULT_SCHEME, # the storage layout (`layout`)
                   )->int:
-    "Newest tokens a layer may hold in full precision on top of its packed ones (KIVI's residual, at most)."
-    return 0 if bits in (None, 16) or scheme != "kivi" else group_size - 1
+    "Newest tokens a layer may hold in full precision on top of its packed ones, as its layout says (`residual`)."
+    return layout(bits, scheme).residual(bits, group_size)
 
 # %% ../nbs/04_coordinator.ipynb #a1ecee44
 def _fill(full:list, idx:list, tokens:int, floor:int)->dict:
@@ -430,7 +433,7 @@ class KVFraction(Schedule):
     kv_bits:int|None = None # the global layers' storage bits (None: the model's dtype)
     window_kv_bits:int|None = None # the windowed layers' storage bits (None: the model's dtype)
     kv_group_size:int = 64 # elements per scale and bias
-    kv_scheme:str = "kivi" # "kivi" holds a full-precision residual, priced in `reserve`
+    kv_scheme:str = DEFAULT_SCHEME # the layout (`layout`): its full-precision residual is priced in `reserve`
     name:ClassVar[str] = "kv_fraction"
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
@@ -441,7 +444,7 @@ class KVFraction(Schedule):
 @patch
 def plan(self:KVFraction, n_layers, avg_budget, n_sink, caps):
     bits = [self.kv_bits if c is None else self.window_kv_bits for c in caps]
-    price = [slot_bytes(b, self.kv_group_size) for b in bits]
+    price = [slot_bytes(b, self.kv_group_size, self.kv_scheme) for b in bits]
     res = [residual_slots(b, self.kv_group_size, self.kv_scheme) * (1 - p) for b, p in zip(bits, price)]
     return PromptEndCoordinator(n_layers, self.fraction, caps, n_sink, self.window_budget, price, res)
 

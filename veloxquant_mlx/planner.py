@@ -13,6 +13,7 @@ from .allocators import _check_real, _check_int
 from .coordinator import (Schedule, PromptEndCoordinator, full_slots, slot_bytes, residual_slots,
                                         _fraction_split, fraction_shortfall)
 from .costs import plan_price, slowest, device_costs
+from .storage import layout, DEFAULT_SCHEME
 
 # %% auto #0
 __all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'GLOBAL_EVICT', 'LOSSLESS', 'WINDOW_TRIM', 'plan_bytes', 'prices',
@@ -25,7 +26,7 @@ LADDER = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3), (3, 3))  # (windowed, global) 
 def plan_bytes(bits:list, # per-layer bits (None: the model's dtype)
                budgets:list, # per-layer tokens kept
                group_size:int=64, # elements per scale and bias
-               scheme:str="kivi", # "kivi" charges its residual
+               scheme:str=DEFAULT_SCHEME, # the layout (`layout`): its residual is charged
                slack:int=0, # tokens a choice leaves free
               )->float:
     "Bytes the layers hold at most, in bf16 token slots: tokens at their price plus the residual's reserve."
@@ -35,11 +36,11 @@ def plan_bytes(bits:list, # per-layer bits (None: the model's dtype)
 def prices(bits:list, # per-layer bits (None or 16: the model's dtype)
            held:list, # per-layer budget: the tokens a layer holds once the prompt has ended
            group_size:int=64, # elements per scale and bias
-           scheme:str="kivi", # "kivi" holds a residual
+           scheme:str=DEFAULT_SCHEME, # the layout (`layout`)
            slack:int=0, # tokens a choice leaves free (they join the residual before the next eviction)
           )->tuple:
     "(price per token, residual reserve) of every layer, in bf16 token slots."
-    price = [slot_bytes(b, group_size) for b in bits]
+    price = [slot_bytes(b, group_size, scheme) for b in bits]
     res = [min(h, residual_slots(b, group_size, scheme), (h - slack) % group_size + slack) for b, h in zip(bits, held)]
     return price, [r * (1 - p) for r, p in zip(res, price)]
 
@@ -56,7 +57,7 @@ class PlanSettings:
     "How `plan_layers` spends a share: everything but the prompt, the share and the layers."
     n_sink:int = 4 # every layer keeps at least n_sink + 1 tokens
     group_size:int = 64 # elements per scale and bias
-    scheme:str = "kivi" # the storage layout ("kivi" holds a residual)
+    scheme:str = DEFAULT_SCHEME # the storage layout (`layout`)
     ladder:tuple = LADDER # (windowed, global) bits, most precise first
     window_budget:int|None = None # tokens per windowed layer once evicting (None: `WINDOW_STEPS`)
     slack:int = 0 # tokens a choice leaves free (see `prices`)
@@ -67,8 +68,7 @@ class PlanSettings:
             _check_int(name, getattr(self, name), lo)
         if self.window_budget is not None: _check_int("window_budget", self.window_budget, 1)
         _check_real("max_evict", self.max_evict, 0.0, 1.0)
-        if self.scheme not in ("kivi", "group", "mlx"):
-            raise ValueError(f"`scheme` must be one of ('kivi', 'group', 'mlx'), got {self.scheme!r}")
+        layout(None, self.scheme)                                            # a known layout, or a clear error
 
 def _settings(settings:PlanSettings|None, overrides:dict)->PlanSettings:
     "`settings` (or the defaults) with `overrides`, checked; an unknown name is refused by name."
@@ -282,7 +282,7 @@ class KVPlan(Schedule):
         self.settings(4)                                   # every setting checked where it is given
     def settings(self, n_sink:int)->PlanSettings:
         "The planner's settings for layers that keep `n_sink` sinks."
-        return PlanSettings(n_sink, self.kv_group_size, "kivi", self.ladder, self.window_budget, self.slack,
+        return PlanSettings(n_sink, self.kv_group_size, DEFAULT_SCHEME, self.ladder, self.window_budget, self.slack,
                             self.max_evict, self.window_trim)
     def plan(self, n_layers, avg_budget, n_sink, caps):
         return PlanCoordinator(n_layers, self.fraction, caps, self.settings(n_sink), self.costs)

@@ -12,9 +12,9 @@ from .storage_group import GroupStorage
 from .storage_kivi import KiviStorage
 
 # %% auto #0
-__all__ = ['STORAGES', 'make_storage', 'storage_from_meta', 'KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'check_kv_format',
-           'pack_bits', 'affine_params', 'encode_groups', 'quantize_groups', 'dequantize_groups', 'bf16_nbytes',
-           'Storage', 'FloatStorage', 'QuantizedStorage', 'GroupStorage', 'KiviStorage']
+__all__ = ['STORAGES', 'DEFAULT_SCHEME', 'make_storage', 'storage_from_meta', 'layout', 'KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES',
+           'check_kv_format', 'pack_bits', 'affine_params', 'encode_groups', 'quantize_groups', 'dequantize_groups',
+           'bf16_nbytes', 'Storage', 'FloatStorage', 'QuantizedStorage', 'GroupStorage', 'KiviStorage']
 
 # %% ../nbs/03a3_choosing_storage.ipynb #cs000007
 _all_ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'check_kv_format', 'pack_bits', 'affine_params',
@@ -41,3 +41,15 @@ def storage_from_meta(meta:dict|None)->Storage:
         st.rebits(16)
         return st
     return make_storage(meta["bits"], meta["group_size"], meta["scheme"])
+
+# %% ../nbs/03a3_choosing_storage.ipynb #11bf03f4
+DEFAULT_SCHEME = "kivi"  # the byte planner's layout: KIVI's per-channel keys, the newest tokens in full precision
+
+def layout(bits:int|None, # bits per element (None or 16: the model's dtype)
+           scheme:str=DEFAULT_SCHEME, # one of `KV_SCHEMES`, or "mlx" (mlx-lm's own quantized cache)
+          )->type:
+    "The storage class holding a layer at `bits` in `scheme` (its `token_bytes` and `residual` price the layer)."
+    if scheme not in (*KV_SCHEMES, "mlx"):
+        raise ValueError(f"`scheme` must be one of {(*KV_SCHEMES, 'mlx')}, got {scheme!r}")
+    if bits in (None, 16): return FloatStorage
+    return GroupStorage if scheme == "mlx" else STORAGES[scheme]

@@ -106,6 +106,18 @@ class Storage:
     nbytes:int # bytes held
     nbytes_bf16:int # bytes held with floating arrays at 2 bytes per element
 
+# %% ../nbs/03a_storage.ipynb #14cc77db
+@patch(cls_method=True)
+def token_bytes(cls:Storage, bits:int|None, # bits per element (None or 16: the model's dtype)
+                group_size:int=64)->float: # elements per scale and bias
+    "Bytes of one held token relative to bfloat16 (a float layout: 1.0)."
+    return 1.0
+
+@patch(cls_method=True)
+def residual(cls:Storage, bits:int|None, group_size:int=64)->int: # as `token_bytes`
+    "The newest tokens this layout may hold in full precision beside its packed ones, at most (a float layout: none)."
+    return 0
+
 # %% ../nbs/03a_storage.ipynb #f333ef38
 @patch
 def reset(self:Storage):
@@ -369,6 +381,12 @@ class QuantizedStorage(Storage):
         check_kv_format(bits, group_size, self.scheme)
         self.bits, self.group_size = bits, group_size
         self.reset()
+
+# %% ../nbs/03a_storage.ipynb #ae9f514d
+@patch(cls_method=True)
+def token_bytes(cls:QuantizedStorage, bits:int|None, group_size:int=64)->float: # as `Storage.token_bytes`
+    "Bytes of one held token relative to bfloat16: its packed bits plus a scale and a bias per group."
+    return 1.0 if bits in (None, 16) else bits / 16 + 2 / group_size
 
 # %% ../nbs/03a_storage.ipynb #0e9eca6a
 @patch(as_prop=True)

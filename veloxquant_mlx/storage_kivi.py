@@ -20,6 +20,12 @@ class KiviStorage(QuantizedStorage):
     scheme = "kivi"
     rotate = False # values through an orthonormal Hadamard transform before they are quantized (undone on the way out)
 
+# %% ../nbs/03a2_kivi_storage.ipynb #8bfe66f5
+@patch(cls_method=True)
+def residual(cls:KiviStorage, bits:int|None, group_size:int=64)->int: # as `Storage.token_bytes`
+    "The newest tokens held in full precision beside the packed ones, at most: a group but one."
+    return 0 if bits in (None, 16) else group_size - 1
+
 # %% ../nbs/03a2_kivi_storage.ipynb #95193412
 @patch
 def _rot(self:KiviStorage, v:mx.array)->mx.array:
