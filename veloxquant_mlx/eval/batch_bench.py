@@ -87,7 +87,8 @@ def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache 
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #4c3773b9
 PROFILED = {"cache": ("_window_mass", "_select", "_settle"),         # module -> the members `profile_steps` times
-            "storage_kivi": ("query_mass", "logits", "mix", "keep", "settle")}
+            "storage_kivi": ("query_mass", "logits", "mix", "keep", "_fill_holes_fast", "settle")}
+_HELD = ("_scores", "positions", "kp", "vp", "kr", "vr")    # what a piece may leave lazy in its layer or storage
 
 def _arrays(r)->list:
     "The arrays in `r` (an array, or tuples and lists of them)."
@@ -106,7 +107,7 @@ def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
             if not on[0]: return f(*a, **k)
             mx.eval(_arrays(list(a[1:])))
             t0 = time.perf_counter(); r = f(*a, **k)
-            mx.eval(_arrays(r) + _arrays(getattr(a[0], "_scores", None)))
+            mx.eval(_arrays(r) + _arrays([getattr(a[0], n, None) for n in _HELD]))   # its own work, not the next piece's
             key = f"{cls.__name__}.{name}"
             times[key] = times.get(key, 0.0) + time.perf_counter() - t0
             calls[key] = calls.get(key, 0) + 1
@@ -376,7 +377,7 @@ def markdown_step_profile(runs:dict)->str: # name -> a `profile_main` result
     "A markdown table: per run, the median step without and with a choice, and the pieces of a choice step (ms)."
     import statistics
     keys = ("EvictingCache._window_mass", "KiviStorage.query_mass", "KiviStorage.logits", "EvictingCache._select",
-            "KiviStorage.keep")
+            "KiviStorage.keep", "KiviStorage._fill_holes_fast")
     lines = ["| model, rows, tokens | step | choice step | " + " | ".join(f"`{k.split('.')[1]}`" for k in keys) + " |",
              "|---|---:|---:|" + "---:|" * len(keys)]
     for name, r in runs.items():
