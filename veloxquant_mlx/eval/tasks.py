@@ -16,7 +16,7 @@ from . import prompts as P, measure as M, batching as B
 # %% auto #0
 __all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'code_text', 'continuation_texts', 'KeyFamily', 'key_set',
            'config_row', 'key_answers', 'continuation_nll', 'every_task', 'task_table', 'markdown_task_table',
-           'plot_frontier', 'every_task_headline', 'default_rows_note']
+           'plot_frontier', 'every_task_headline', 'default_rows_note', 'table_row', 'ppl_changes', 'hits']
 
 # %% ../../nbs/15_every_task.ipynb #74601d9d
 def code_text(n_chars:int, # roughly how many characters of source to return
@@ -290,3 +290,20 @@ def default_rows_note(res:dict)->str: # results of `every_task` (with their sett
     r, shares = old[0], ", ".join(r.split("@")[1] for r in old)
     return (f"(In this run `default` at {shares} is the default of its day, `{rows[r]}` at {r.split('@')[1]}; "
             f"today's is `{today(r)}`.)")
+
+# %% ../../nbs/15_every_task.ipynb #6a6e5381
+def table_row(res:dict, # results of `every_task`
+              row:str)->dict: # a configuration of the run (e.g. "default@0.25", "full")
+    "The `task_table` line of `row`."
+    lines = {t["row"]: t for t in task_table(res)}
+    if row not in lines: raise ValueError(f"`row`={row!r} is not in this run; it has {sorted(lines)}")
+    return lines[row]
+
+def ppl_changes(line:dict, # a `task_table` line
+                kinds:tuple)->str: # text kinds, in order
+    "The perplexity changes of `line` on `kinds`, as '-1.0 / +1.3 %'."
+    return " / ".join(f"{line[k]:+.1f}" for k in kinds) + " %"
+
+def hits(line:dict, task:str)->str: # a `task_table` line, a key task
+    "How many of the task's prompts `line` answered, as '3 of 4'."
+    return f"{line[task][0]} of {line[task][1]}"
