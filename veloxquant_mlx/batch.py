@@ -8,15 +8,15 @@ import copyreg, math
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import visible, eviction_priority, scatter_slot, decode_step, HeldArrays
+from .h2o import (visible, eviction_priority, scatter_slot, decode_step, HeldArrays, attention_with_mass,
+                                query_mass)
 from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed, hand_over,
                                   take_back, advance, chooses_next, steady, held_arrays, copy_layer)
 from .batch_kivi import (kivi_stackable, kivi_row, kivi_take, kivi_pack_batch,
                                        kivi_batch_update, kivi_batch_attention)
 
 # %% auto #0
-__all__ = ['clone_row', 'row_weights', 'rows_attention_with_mass', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched',
-           'check_batch_layer']
+__all__ = ['clone_row', 'BatchEvictingCache', 'greedy_alone', 'greedy_batched', 'check_batch_layer']
 
 # %% ../nbs/03b_batch.ipynb #b3b00007
 def _dtype_named(name:str): return getattr(mx, name)
@@ -36,30 +36,6 @@ def clone_row(cache:EvictingCache)->EvictingCache: # a one-sequence layer (batch
         raise ValueError(f"a batch row holds one sequence: got a cache of batch size {B} "
                          "(merge one-sequence caches, as make_prompt_cache makes them)")
     return copy_layer(cache)
-
-# %% ../nbs/03b_batch.ipynb #b3b0000a
-def row_weights(queries:mx.array, # `[B, Hq, 1, D]`: one query per row (RoPE applied, not scaled)
-                keys:mx.array, # `[B, H, L, D]`, Hq a multiple of H
-                positions:mx.array, # `[B, H, L]` absolute positions of the keys (empty slots at 2**31 - 1)
-                qpos:mx.array, # `[B]` each row's query position
-                scale:float, # the attention scale
-                window:int|None=None, # sliding window, or None
-)->mx.array:
-    "Softmax weights `[B, H, rep, L]` (float32) of each row's query heads over the keys its row may see."
-    B, Hq, _, D = queries.shape
-    H = keys.shape[1]
-    q = queries.astype(mx.float32).reshape(B, H, Hq // H, D) * scale
-    logits = q @ keys.astype(mx.float32).swapaxes(-1, -2)                        # [B, H, rep, L]
-    ok = visible(positions, qpos[:, None, None], window)                          # [B, H, 1, L]
-    return mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
-
-# %% ../nbs/03b_batch.ipynb #cacad58f
-def rows_attention_with_mass(queries, keys, values, positions, qpos, scale, window=None):
-    "One decoding step's output `[B, Hq, 1, Dv]` (the values' dtype) and the mass `[B, H, L]` each key receives."
-    B, Hq = queries.shape[:2]
-    w = row_weights(queries, keys, positions, qpos, scale, window)
-    out = (w @ values.astype(mx.float32)).reshape(B, Hq, 1, values.shape[-1])
-    return out.astype(values.dtype), w.sum(axis=2)
 
 # %% ../nbs/03b_batch.ipynb #b3b0000d
 class BatchEvictingCache(_BaseCache):
@@ -370,7 +346,7 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
         if sinks is not None:
             raise NotImplementedError(f"policy {p.name!r} does not support models with attention sinks; "
                                       "use 'key_proxy'")
-        got["out"], m = rows_attention_with_mass(queries, K, V, P, start, scale, window)
+        got["out"], m = attention_with_mass(queries, K, V, P, start[:, None, None], scale, window)
         return m
     S = p.on_queries(S, mass, True)
     out = got["out"] if "out" in got else self._masked_attention(queries, K, V, P, start, scale, sinks)
@@ -426,7 +402,7 @@ def _drop_one(self:BatchEvictingCache, queries, arrs:tuple, start, full:list, sc
     K, V, P, S = arrs
     B, H, L = P.shape
     isfull = mx.array(full)[:, None, None]
-    S = mx.where(isfull, row_weights(queries, K, P, start, scale, self.rows[0].spec.window).sum(axis=2), S)
+    S = mx.where(isfull, query_mass(queries, K, P, start[:, None, None], scale, self.rows[0].spec.window), S)
     last = mx.broadcast_to(mx.array([r.count for r in self.rows], mx.int32)[:, None], (B, H))
     to = mx.where(isfull[:, :, 0], self._tova_victim(P, S, start), last)       # rows with room: a no-op move
     take = lambda a: mx.take_along_axis(a, last[..., None, None] if a.ndim == 4 else last[..., None], axis=2)

@@ -185,7 +185,7 @@ def attention_with_mass(
     queries:mx.array, # `[B, Hq, N, D]`, Hq a multiple of the KV heads
     keys:mx.array, values:mx.array, # `[B, H, L, D]` / `[B, H, L, Dv]`
     key_pos:mx.array, # `[B, H, L]` absolute positions of the keys
-    query_pos:mx.array, # `[N]` absolute positions of the queries
+    query_pos:mx.array, # `[N]` absolute positions of the queries, or `[B, 1, N]` (one set per row)
     scale:float, # the model's attention scale
     window:int|None=None, # sliding window, or None
     mass_from:int=0, # only queries from this index on contribute mass (SnapKV's observation window)
@@ -200,7 +200,7 @@ def attention_with_mass(
     for a in range(0, N, block):
         q = queries[:, :, a:a + block].astype(mx.float32).reshape(B, H, rep, -1, D) * scale
         logits = q @ k32[:, :, None].swapaxes(-1, -2)                                  # [B, H, rep, n, L]
-        ok = visible(key_pos, query_pos[a:a + block], window)[:, :, None]              # [B, H, 1, n, L]
+        ok = visible(key_pos, query_pos[..., a:a + block], window)[:, :, None]         # [B, H, 1, n, L]
         w = mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
         outs.append((w @ v32[:, :, None]).reshape(B, Hq, -1, values.shape[-1]))
         if a + w.shape[3] > mass_from: mass = mass + w[:, :, :, max(mass_from - a, 0):].sum(axis=(2, 3))
@@ -211,7 +211,7 @@ def query_mass(
     queries:mx.array, # `[B, Hq, N, D]`, Hq a multiple of the KV heads (RoPE applied, not scaled)
     keys:mx.array, # `[B, H, L, D]`
     key_pos:mx.array, # `[B, H, L]` absolute positions of the keys
-    query_pos:mx.array, # `[N]` absolute positions of the queries
+    query_pos:mx.array, # `[N]` absolute positions of the queries, or `[B, 1, N]` (one set per row)
     scale:float, # the model's attention scale
     window:int|None=None, # sliding window, or None
     block:int=512, # queries per block
@@ -223,7 +223,7 @@ def query_mass(
     mass = mx.zeros(key_pos.shape, mx.float32)
     for a in range(0, N, block):
         q = queries[:, :, a:a + block].astype(mx.float32).reshape(B, H, Hq // H, -1, D) * scale
-        ok = visible(key_pos, query_pos[a:a + block], window)[:, :, None]              # [B, H, 1, n, L]
+        ok = visible(key_pos, query_pos[..., a:a + block], window)[:, :, None]         # [B, H, 1, n, L]
         w = mx.softmax(mx.where(ok, q @ k32, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
         mass = mass + mx.where(ok.any(axis=-1, keepdims=True), w, 0.0).sum(axis=(2, 3))
     return mass
