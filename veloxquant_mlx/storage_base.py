@@ -432,7 +432,7 @@ def split_quantized_matmul(x, packed, scales, biases, # as `mx.quantized_matmul`
     qmm = lambda a, p, s, b: mx.quantized_matmul(a, p, s, b, transpose=transpose, group_size=group_size, bits=bits)
     R = packed.shape[-2]
     n = _split_parts(math.prod(x.shape[:-1]) * R * packed.shape[-1] * 32 // bits) if parts is None else parts
-    if n < 1: raise ValueError(f"`parts` must be at least 1, got {parts!r}")
+    if n < 1: raise ValueError(f"`parts` must be at least 1, got {n!r}")
     by_rows = packed.ndim < 3 or packed.shape[0] < n or x.shape[0] != packed.shape[0]    # else: cut between batch rows
     size = R if by_rows else packed.shape[0]
     n = min(n, size)

@@ -22,7 +22,7 @@ class KiviStorage(QuantizedStorage):
 
 # %% ../nbs/03a2_kivi_storage.ipynb #8bfe66f5
 @patch(cls_method=True)
-def residual(cls:KiviStorage, bits:int|None, group_size:int=64)->int: # as `Storage.token_bytes`
+def residual(cls:KiviStorage, bits:int|None, group_size:int=64)->int: # bits per element, elements per group
     "The newest tokens held in full precision beside the packed ones, at most: a group but one."
     return 0 if bits in (None, 16) else group_size - 1
 
@@ -308,7 +308,7 @@ def keep(self:KiviStorage, idx, count:int):
         return idx
     if r == 0: return idx                                                       # n == P == count: nothing moves
     hole, src, order = _keep_order(idx, P, count)
-    most = min(r, P // self.group_size)                                         # groups the holes can touch
+    most = min(r, P // self.group_size, count - idx.shape[2])   # groups the holes can touch (a hole is a token dropped)
     self._fill_holes_fast(hole, src, self._dirty_groups(hole) if most > 1 else 1)   # (a read: once per choice)
     rest = (idx[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(self.kr, rest, axis=2), mx.take_along_axis(self.vr, rest, axis=2)

@@ -107,7 +107,7 @@ def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
             if not on[0]: return f(*a, **k)
             mx.eval(_arrays(list(a[1:])))
             t0 = time.perf_counter(); r = f(*a, **k)
-            mx.eval(_arrays(r) + _arrays([getattr(a[0], n, None) for n in _HELD]))   # its own work, not the next piece's
+            mx.eval(_arrays(r) + _arrays([getattr(a[0], n, None) for n in _HELD]))  # its own work, not the next's
             key = f"{cls.__name__}.{name}"
             times[key] = times.get(key, 0.0) + time.perf_counter() - t0
             calls[key] = calls.get(key, 0) + 1

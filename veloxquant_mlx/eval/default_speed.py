@@ -18,9 +18,13 @@ __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUI
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
          "float@0.125", "kivi4", "mlx-q4")
-SHARE_KINDS = {  # a kind `name@share` is `recommended_config(share, **SHARE_KINDS[name])` (`dwN@share`: decode_window=N)
-    "default": {}, "per-step": dict(slack=0), "slack63": dict(slack=63), "rewindow": dict(decode_window=None),
-    "bytes-plan": dict(slack=0), "float": dict(kv_bits=None)}
+SHARE_KINDS = {  # a kind `name@share` is `recommended_config(share, **SHARE_KINDS[name])`; `dwN@share`: decode_window=N
+    "default": {},
+    "per-step": dict(slack=0),                # one eviction per decoding step
+    "slack63": dict(slack=63),                # a choice per 64 steps
+    "rewindow": dict(decode_window=None),     # every decoding choice measures the whole observation window again
+    "bytes-plan": dict(slack=0),              # with the planner's time prices off (below): widths priced in bytes alone
+    "float": dict(kv_bits=None)}              # eviction alone, in the model's dtype
 FIXED_KINDS = {"kivi4": KVCacheConfig("full", kv_bits=4), "mlx-q4": KVCacheConfig("full", kv_bits=4, kv_scheme="mlx")}
 
 def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIXED_KINDS`, `dwN` at a share)
@@ -28,7 +32,7 @@ def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIX
     if kind == "full": return make_prompt_cache(model)
     if kind in FIXED_KINDS: return KVCacheBuilder.for_model(model, FIXED_KINDS[kind])
     name, _, share = kind.partition("@")
-    dw = name[:2] == "dw" and name[2:].isdigit()                    # decoding choices measure the newest n queries
+    dw = name[:2] == "dw" and name[2:].isdigit()             # decoding choices measure the newest n queries
     over = dict(decode_window=int(name[2:])) if dw else SHARE_KINDS.get(name)
     if over is None or not share: raise ValueError(f"kind={kind!r} is not one of {KINDS}")
     caches = KVCacheBuilder.for_model(model, recommended_config(float(share), **over))
