@@ -13,7 +13,7 @@ from ..cache import cache_arrays
 # %% auto #0
 __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context',
            'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table', 'speed_headline', 'plot_default_speed',
-           'op_profile', 'markdown_profile_table', 'markdown_costs_table', 'main']
+           'op_profile', 'split_profile', 'split_decode', 'markdown_profile_table', 'markdown_costs_table', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -199,6 +199,49 @@ def op_profile(lengths:tuple=(2048, 8192), shapes:tuple=((3, 3, 64), (1, 4, 256)
             out.append(row)
     return out
 
+# %% ../../nbs/12d_eval_default_speed.ipynb #490dc1a8
+def split_profile(lengths:tuple=(1344, 5184), # tokens held (about a quarter's 4-bit plan at 2,048 and 8,192)
+                  shapes:tuple=((1, 3, 3, 64), (1, 1, 4, 256), (16, 3, 3, 64)), # (rows, KV heads, rep, head_dim)
+                  reps:int=40)->list: # timed runs per point (medians)
+    "Median ms of one 4-bit decoding product over per-channel keys, in one part and in two, interleaved."
+    from veloxquant_mlx.storage_base import split_quantized_matmul
+    out = []
+    for B, H, rep, D in shapes:
+        for n in lengths[:1] if B > 1 else lengths:                        # many rows: the shorter length only
+            x = mx.random.normal((B, H, rep, 1, D), key=mx.random.key(0))
+            packed = mx.quantize(mx.random.normal((B, H, 1, D, n), key=mx.random.key(1)), group_size=64, bits=4)
+            mx.eval(x, packed)
+            times = {1: [], 2: []}
+            for _ in range(reps + 2):
+                for parts in times:
+                    t = time.perf_counter()
+                    mx.eval(split_quantized_matmul(x, *packed, False, 64, 4, parts))
+                    times[parts].append(1e3 * (time.perf_counter() - t))
+            out.append(dict(rows=B, shape=[H, rep, D], tokens=n, one_ms=statistics.median(times[1][2:]),
+                            two_ms=statistics.median(times[2][2:])))
+    return out
+
+def split_decode(model_name:str="smollm2", n:int=2048, steps:int=24)->dict: # an embedded model, tokens, steps
+    "Median and mean ms of decoding steps: the full cache, the default at 0.25 with products in one part and in two."
+    import veloxquant_mlx.storage_base as sb
+    from veloxquant_mlx.models import load_embedded_model, prose_text
+    model, tok = load_embedded_model(model_name, progress=False)
+    ids = tok.encode(prose_text(6 * n))[:n]
+    parts = {"full": None, "default@0.25, one part": None, "default@0.25, two parts": (2, 1 << 19)}
+    caches, keep = {k: kind_caches(model, k.split(",")[0]) for k in parts}, dict(sb.PACKED_SPLIT)
+    try:
+        toks, samples = mx.array(ids)[None], {k: [] for k in parts}
+        for a in range(0, n, 512):
+            for k in parts: _sync(model(toks[:, a:a + 512], cache=caches[k]), caches[k])
+        for s in range(steps + 2):
+            for k, split in parts.items():
+                sb.PACKED_SPLIT["cpu"] = split
+                t = time.perf_counter(); _sync(model(mx.array([[ids[-1]]]), cache=caches[k]), caches[k])
+                if s >= 2: samples[k].append(1e3 * (time.perf_counter() - t))
+    finally: sb.PACKED_SPLIT.update(keep)
+    return dict(model=model_name, tokens=n, steps=steps,
+                kinds={k: dict(median_ms=statistics.median(v), mean_ms=statistics.mean(v)) for k, v in samples.items()})
+
 # %% ../../nbs/12d_eval_default_speed.ipynb #afff4c19
 def markdown_profile_table(profile:list)->str:
     "`op_profile`'s rows as a Markdown table: ms per layer and decoding step."
@@ -232,6 +275,7 @@ def main(argv=None):
     ap.add_argument("--image", default=None, help="write the figure here (PNG)")
     ap.add_argument("--models", default=None, help="comma-separated embedded models (default: both)")
     ap.add_argument("--profile", action="store_true", help="only the per-operation profile (`op_profile`)")
+    ap.add_argument("--split", action="store_true", help="only the two-stream products (`split_profile`, `split_decode`)")
     ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
     ap.add_argument("--long-kinds", default=None, help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
     ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 24: three choices)")
@@ -243,6 +287,10 @@ def main(argv=None):
     if a.long_kinds: cfg["long_kinds"] = tuple(a.long_kinds.split(","))
     if a.steps: cfg["steps"] = a.steps
     t0 = time.time()
+    if a.split:
+        json.dump(dict(products=split_profile(), decode=split_decode(), device=str(mx.default_device()),
+                       seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
+        return
     if a.profile:
         json.dump(dict(profile=op_profile(), device=str(mx.default_device()), seconds=round(time.time() - t0)),
                   open(a.out, "w"), indent=1)
