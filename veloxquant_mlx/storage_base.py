@@ -427,7 +427,7 @@ def _streams(n:int)->list:
 # %% ../nbs/03a_storage.ipynb #340b8fe0
 def split_quantized_matmul(x, packed, scales, biases, # as `mx.quantized_matmul`; `packed` `[..., R, C]`
                            transpose:bool, group_size:int, bits:int, # as `mx.quantized_matmul`
-                           parts:int|None=None)->mx.array: # streams to split over (None: as `PACKED_SPLIT` says for the work)
+                           parts:int|None=None)->mx.array: # streams to cut over (None: as `PACKED_SPLIT` says)
     "`mx.quantized_matmul`, cut between batch rows or packed rows over several streams when that is faster."
     qmm = lambda a, p, s, b: mx.quantized_matmul(a, p, s, b, transpose=transpose, group_size=group_size, bits=bits)
     R = packed.shape[-2]
