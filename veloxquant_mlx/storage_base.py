@@ -412,9 +412,13 @@ def _adopt(self:QuantizedStorage, keys, values):
 PACKED_SPLIT = {"cpu": None, "gpu": None}  # per device: (parts, least multiply-adds cut), None: never (see above)
 _MORE_STREAMS = {}                                  # device -> the streams made for the parts after the first
 
+def _on_device(table:dict): # a per-device setting: {"cpu": ..., "gpu": ...}
+    "`table`'s entry for the default device's type."
+    return table.get("gpu" if mx.default_device().type == mx.gpu else "cpu")
+
 def _split_parts(work:int)->int:
     "Streams a packed product of `work` multiply-adds is split over on the default device (1: not split)."
-    at = PACKED_SPLIT.get("gpu" if mx.default_device().type == mx.gpu else "cpu")
+    at = _on_device(PACKED_SPLIT)
     return 1 if at is None or work < at[1] else at[0]
 
 def _streams(n:int)->list:
@@ -450,7 +454,7 @@ DEQUANTIZE_ROWS = {"cpu": 8, "gpu": None}  # query rows from which a product deq
 
 def _dequantize_first(rows:int)->bool:
     "True when `rows` query rows per packed matrix are cheaper through a float copy on the default device."
-    at = DEQUANTIZE_ROWS.get("gpu" if mx.default_device().type == mx.gpu else "cpu")
+    at = _on_device(DEQUANTIZE_ROWS)
     return at is not None and rows >= at
 
 @patch
