@@ -8,9 +8,9 @@ import copyreg, math
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import (visible, eviction_priority, scatter_slot, decode_step, HeldArrays, attention_with_mass,
-                                query_mass)
-from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, _ORIGINAL_SDPA, hook_installed, hand_over,
+from .h2o import (scatter_slot, decode_step, HeldArrays, attention_with_mass, query_mass,
+                                position_attention, last_queries, victims)
+from .cache import (EvictingCache, _EMPTY_POS, _GROW_STEP, hook_installed, hand_over,
                                   take_back, advance, chooses_next, steady, held_arrays, copy_layer)
 from .batch_kivi import (kivi_stackable, kivi_row, kivi_take, kivi_pack_batch,
                                        kivi_batch_update, kivi_batch_attention)
@@ -349,18 +349,9 @@ def _fast_attention(self:BatchEvictingCache, queries, scale, sinks):
         got["out"], m = attention_with_mass(queries, K, V, P, start[:, None, None], scale, window)
         return m
     S = p.on_queries(S, mass, True)
-    out = got["out"] if "out" in got else self._masked_attention(queries, K, V, P, start, scale, sinks)
+    out = got.get("out")
+    if out is None: out = position_attention(queries, K, V, P, start[:, None, None], scale, window, sinks)
     return self._after_attention(queries, out, (K, V, P, S), start, full, scale)
-
-# %% ../nbs/03b_batch.ipynb #089ea75e
-@patch
-def _masked_attention(self:BatchEvictingCache, queries, K, V, P, start, scale:float, sinks):
-    "mlx-lm's fast attention of one query per row over the packed buffers, each row masked by its positions."
-    B, Hq, _, _ = queries.shape
-    H, L = K.shape[1], K.shape[2]
-    m = visible(P, start[:, None, None], self.rows[0].spec.window)[:, :, None]         # [B, H, 1, 1, L]
-    m = mx.broadcast_to(m, (B, H, Hq // H, 1, L)).reshape(B, Hq, 1, L)
-    return _ORIGINAL_SDPA(queries, K, V, cache=self, scale=scale, mask=m, sinks=sinks)
 
 # %% ../nbs/03b_batch.ipynb #8a9d5a00
 @patch
@@ -376,35 +367,31 @@ def _after_attention(self:BatchEvictingCache, queries, out, arrs:tuple, start, f
 # %% ../nbs/03b_batch.ipynb #ece7d1a6
 @patch
 def _roll_obs(self:BatchEvictingCache, queries, start, scale)->list:
-    "Remember this step's queries (the newest of each row's window); returns the new arrays."
+    "Remember this step's queries (`h2o.last_queries`: the newest of each row's window); returns the new arrays."
     Q, QP, n_obs, _ = self._obs
     if Q is None:
         w = max(r.policy.obs_window for r in self.rows)
         Q, QP = mx.zeros(queries.shape[:2] + (w, queries.shape[3]), queries.dtype), mx.full((len(self.rows), w), -1)
-    Q = mx.concatenate([Q[:, :, 1:], queries], axis=2)
-    QP = mx.concatenate([QP[:, 1:], start[:, None]], axis=1).astype(mx.int32)
+    Q, QP = last_queries((Q, QP), queries, start[:, None].astype(mx.int32), Q.shape[2])
     self._obs = [Q, QP, [min(n + 1, Q.shape[2]) for n in n_obs], scale]
     return [Q, QP]
-
-# %% ../nbs/03b_batch.ipynb #7e2d826a
-@patch
-def _tova_victim(self:BatchEvictingCache, P, S, start)->mx.array:
-    "Each row's lowest-priority slot `[B, H]` by the scores `S` (sinks, recent tokens and the newcomer protected)."
-    r0 = self.rows[0]
-    protect = mx.array([max(r.spec.recent, 1, r.policy.obs_window) for r in self.rows], mx.int32)[:, None, None]
-    at = (start + 1)[:, None, None]
-    return mx.argmin(eviction_priority(S, P, r0.spec.n_sink, at, r0.spec.window, protect), axis=-1).astype(mx.int32)
 
 # %% ../nbs/03b_batch.ipynb #b3b00023
 @patch
 def _drop_one(self:BatchEvictingCache, queries, arrs:tuple, start, full:list, scale:float)->tuple:
-    "TOVA on the full rows: score by this query, drop the least attended, move the last slot into its place."
+    "TOVA on the full rows: the policy scores (`on_window`), `victims` drops the lowest, the last slot moves there."
     K, V, P, S = arrs
     B, H, L = P.shape
     isfull = mx.array(full)[:, None, None]
-    S = mx.where(isfull, query_mass(queries, K, P, start[:, None, None], scale, self.rows[0].spec.window), S)
+    r0, at = self.rows[0], (start + 1)[:, None, None]
+    if r0.policy.obs_window != 1:          # alone, the window's remembered queries score; here this step's query does
+        raise NotImplementedError(f"policy {r0.policy.name!r}: a batch drops after attention with a window of 1 only")
+    chosen = r0.policy.on_window(S, lambda: query_mass(queries, K, P, start[:, None, None], scale, r0.spec.window))
+    S = mx.where(isfull, chosen, S)                                             # the policy's choice, as alone
     last = mx.broadcast_to(mx.array([r.count for r in self.rows], mx.int32)[:, None], (B, H))
-    to = mx.where(isfull[:, :, 0], self._tova_victim(P, S, start), last)       # rows with room: a no-op move
+    protect = mx.array([max(r.spec.recent, 1, r.policy.obs_window) for r in self.rows], mx.int32)[:, None, None]
+    victim = victims(r0.policy, P, S, at, r0.spec.n_sink, r0.spec.window, protect)
+    to = mx.where(isfull[:, :, 0], victim, last)                                # rows with room: a no-op move
     take = lambda a: mx.take_along_axis(a, last[..., None, None] if a.ndim == 4 else last[..., None], axis=2)
     K, V, P, S = (scatter_slot(a, to, take(a)) for a in (K, V, P, S))
     gone = isfull & (mx.arange(L)[None, None] == last[..., None])

@@ -11,7 +11,7 @@ import mlx_lm.models.base as mlx_base
 import mlx_lm.models.cache as mlx_cache
 from mlx_lm.models.cache import _BaseCache
 from fastcore.basics import patch
-from .h2o import check_kv, visible, decode_step, View
+from .h2o import check_kv, visible, decode_step, View, last_queries
 from .policies import (Policy, KeyProxy, CumulativeAttention, ObservationWindow, make_policy,
                                      _check_int)
 from .proxy import layer_concentration
@@ -427,11 +427,7 @@ def hook_installed()->bool:
 def _remember(self:EvictingCache, queries, qpos, scale:float):
     "Keep the last `obs_window` queries seen (this pass's and, if it is shorter, the previous ones)."
     w = self.policy.obs_window
-    if not w: return
-    if self._obs_q is not None and queries.shape[2] < w:
-        queries = mx.concatenate([self._obs_q[0], queries], axis=2)
-        qpos = mx.concatenate([self._obs_q[1], qpos])
-    self._obs_q = (queries[:, :, -w:], qpos[-w:], scale)
+    if w: self._obs_q = (*last_queries(self._obs_q, queries, qpos, w), scale)
 
 
 # %% ../nbs/03_cache.ipynb #831bf2a6

@@ -11,9 +11,9 @@ import numpy as np
 import mlx.core as mx
 
 # %% auto #0
-__all__ = ['check_kv', 'eviction_priority', 'visible', 'proxy_mass', 'View', 'scatter_slot', 'HeldArrays', 'decode_step',
-           'topk_keep', 'prefill_evict', 'attention_with_mass', 'query_mass', 'pool_mass', 'chunk_priority',
-           'prefill_evict_reference', 'decode_run', 'kept_agreement']
+__all__ = ['check_kv', 'eviction_priority', 'visible', 'proxy_mass', 'View', 'scatter_slot', 'HeldArrays', 'victims',
+           'decode_step', 'topk_keep', 'prefill_evict', 'attention_with_mass', 'query_mass', 'position_attention',
+           'last_queries', 'pool_mass', 'chunk_priority', 'prefill_evict_reference', 'decode_run', 'kept_agreement']
 
 # %% ../nbs/02_h2o.ipynb #33162d32
 def check_kv(keys, values, name="keys"):
@@ -107,7 +107,11 @@ class HeldArrays:
         return proxy_mass(self.keys, positions, new_keys, qpos, window)
 
 # %% ../nbs/02_h2o.ipynb #b147e375
-def _victims(policy, positions, scores, at, n_sink, window, recent):
+def victims(policy, # ranks the held tokens (`score`)
+            positions, scores, # `[B, H, L]` held positions and scores
+            at, # the next query's position (an int, or `[B, 1, 1]`: one per row)
+            n_sink:int, window:int|None, # never-evicted prefix; sliding window
+            recent:int|mx.array): # newest tokens protected (an int, or `[B, 1, 1]`: one per row)
     "Each row and head's lowest-priority slot `[B, H]` (int32), by the policy's rank."
     rank = policy.score(View(scores, positions, at))
     return mx.argmin(eviction_priority(rank, positions, n_sink, at, window, recent), axis=-1).astype(mx.int32)
@@ -133,7 +137,7 @@ def decode_step(
     at = pos.reshape(-1, 1, 1)
     slot = mx.broadcast_to(mx.array(count, mx.int32)[:, None], (B, H))
     if not all(room):
-        victim = _victims(policy, positions, scores, at, n_sink, window, recent)
+        victim = victims(policy, positions, scores, at, n_sink, window, recent)
         slot = victim if not any(room) else mx.where(mx.array(room)[:, None], slot, victim)
     free = count[0] if all(room) and len(set(count)) == 1 else None
     order = store.put(slot, keys, values, free)
@@ -227,6 +231,33 @@ def query_mass(
         w = mx.softmax(mx.where(ok, q @ k32, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
         mass = mass + mx.where(ok.any(axis=-1, keepdims=True), w, 0.0).sum(axis=(2, 3))
     return mass
+
+# %% ../nbs/02_h2o.ipynb #49312a0f
+def position_attention(
+    queries:mx.array, # `[B, Hq, N, D]`, Hq a multiple of the KV heads
+    keys:mx.array, values:mx.array, # `[B, H, L, D]` / `[B, H, L, Dv]`
+    key_pos:mx.array, # `[B, H, L]` absolute positions of the keys (an unused slot: a position after every query)
+    query_pos:mx.array, # `[N]` absolute positions of the queries, or `[B, 1, N]` (one set per row)
+    scale:float, # the model's attention scale
+    window:int|None=None, # sliding window, or None
+    sinks:mx.array|None=None, # the model's attention sinks, if it has them
+)->mx.array: # `[B, Hq, N, Dv]`
+    "MLX's fast attention, each query seeing the keys `visible` from its position (repeated over a KV head's queries)."
+    m = visible(key_pos, query_pos, window)                                     # [B, H, N, L]
+    rep = queries.shape[1] // m.shape[1]
+    if rep > 1: m = mx.repeat(m, rep, axis=1)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=m, sinks=sinks)
+
+# %% ../nbs/02_h2o.ipynb #ba086327
+def last_queries(held:tuple|None, # (queries `[B, Hq, n, D]`, positions `[n]` or `[B, n]`) remembered so far, or None
+                 queries:mx.array, # this pass's `[B, Hq, N, D]`
+                 qpos:mx.array, # their positions `[N]`, or `[B, N]` (one set per row)
+                 w:int)->tuple: # the window: queries to remember
+    "The newest `w` queries and their positions: `held`'s followed by this pass's."
+    if held is not None and queries.shape[2] < w:
+        queries = mx.concatenate([held[0], queries], axis=2)
+        qpos = mx.concatenate([held[1], qpos], axis=-1)
+    return queries[:, :, -w:], qpos[..., -w:]
 
 # %% ../nbs/02_h2o.ipynb #ebb1e1ae
 def pool_mass(

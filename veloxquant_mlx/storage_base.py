@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import mlx.core as mx
 from fastcore.basics import patch
-from .h2o import attention_with_mass, query_mass, visible, HeldArrays
+from .h2o import attention_with_mass, query_mass, position_attention, visible, HeldArrays
 
 # %% auto #0
 __all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'PACKED_SPLIT', 'DEQUANTIZE_ROWS', 'check_kv_format', 'pack_bits',
@@ -315,12 +315,9 @@ def key_rows(self:FloatStorage, a:int, b:int):
 # %% ../nbs/03a_storage.ipynb #st000023
 @patch
 def attention(self:FloatStorage, queries, keys, values, key_pos, query_pos, scale, window=None, sinks=None):
-    "MLX's fast attention; a window masks by position (None: every held token visible, causal for a chunk)."
-    if window is None: m = None if queries.shape[2] == 1 else "causal"
-    else:
-        m = visible(key_pos, query_pos, window)                                 # [B, H_kv, N, L]
-        rep = queries.shape[1] // m.shape[1]
-        if rep > 1: m = mx.repeat(m, rep, axis=1)
+    "MLX's fast attention; a window masks by position (`h2o.position_attention`), else every held token is visible."
+    if window is not None: return position_attention(queries, keys, values, key_pos, query_pos, scale, window, sinks)
+    m = None if queries.shape[2] == 1 else "causal"                          # (a chunk: causal over its own tokens)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=m, sinks=sinks)
 
 @patch
