@@ -5,10 +5,13 @@ no traceback; SIGTERM in the middle of a generation ends the server with status 
 generous timeout; nothing asserts how long anything took."""
 import veloxquant_mlx  # noqa: F401  (loads OpenBLAS before mlx on Linux)
 import json, os, re, signal, socket, subprocess, sys, threading, time, urllib.parse
+from pathlib import Path
 import pytest
 from veloxquant_mlx.serve import bad_inputs, refusal_table, table_markdown, http_json
 
 GOOD = {"prompt": "The pass key is 52817. Remember it. " * 6, "max_tokens": 4, "temperature": 0.0}
+SERVER_ARGS = ("--max-prompt-tokens", "2048", "--max-tokens-limit", "4000")
+REFUSALS = Path(__file__).resolve().parents[1] / "nbs" / "results" / "serve_refusals.json"   # the serving page's table
 
 class Server:
     "`veloxquant serve ARGS --port 0` in a child process, its stderr kept line by line."
@@ -66,7 +69,7 @@ def raw_post(url, body:dict):
 
 @pytest.fixture(scope="module")
 def server():
-    srv = Server("--max-prompt-tokens", "2048", "--max-tokens-limit", "4000", "--", "--log-level", "WARNING")
+    srv = Server(*SERVER_ARGS, "--", "--log-level", "WARNING")
     yield srv
     srv.stop()
 
@@ -82,6 +85,13 @@ def test_bad_inputs_get_4xx_and_the_server_goes_on(server):
     assert "`prompt` must be a non-empty string" in msgs[7] and "Invalid JSON" in msgs[8]
     assert "too short for this server's cache configuration" in msgs[9]
     assert "Traceback" not in server.log
+    if os.environ.get("VQ_WRITE_RESULTS"):                 # refresh the page's table from this run
+        cmd = "veloxquant serve --model tiny:gemma3 --port 0 " + " ".join(SERVER_ARGS)
+        REFUSALS.write_text(json.dumps(dict(command=cmd, good=GOOD, rows=rows), indent=1) + "\n")
+    saved = json.loads(REFUSALS.read_text())
+    assert saved["rows"] == rows, (f"the serving page's refusal table ({REFUSALS.name}) is not what the server "
+                                   "answers now: rerun this test with VQ_WRITE_RESULTS=1 and commit the file\n"
+                                   + table_markdown(rows))
 
 def test_models_lists_the_served_model(server):
     status, answer = http_json(server.url, "/v1/models")

@@ -15,7 +15,7 @@ from .coordinator import SqueezeCoordinator
 # %% auto #0
 __all__ = ['SPLITS', 'MODES', 'world', 'rank', 'mean_over_ranks', 'use_group', 'load_sharded', 'load_sharded_cli', 'check_config',
            'PipelinedGemma3Model', 'pipeline_gemma3', 'kv_bytes_by_rank', 'with_rank_bytes', 'rank_report_lines',
-           'rank_output', 'context_that_fits']
+           'rank_output', 'context_that_fits', 'capacity_table']
 
 # %% ../nbs/14_distributed.ipynb #d1400009
 _STATE = {"group": None, "mode": None}   # set by `use_group` (load_sharded): the group the model is split over
@@ -259,3 +259,19 @@ def context_that_fits(n_layers:int, n_kv_heads:int, head_dim:int, # the model's 
     if free <= 0: return 0
     per_token = 2 * n_layers * n_kv_heads * head_dim * kv_bytes * kv_share
     return int(free // per_token)
+
+# %% ../nbs/14_distributed.ipynb #3cdbfa19
+def capacity_table(model:dict, # `context_that_fits`'s n_layers, n_kv_heads, head_dim and n_params
+                   context:int, # the model's context in tokens
+                   weights:tuple=(("bf16", 2.0), ("4-bit (4.5 bits with scales)", 0.5625)), # (name, bytes a parameter)
+                   shares:tuple=(1.0, 0.25, 0.125), # shares of the cache kept
+                   **cluster)->str: # `context_that_fits`'s n_machines, machine_gib, usable (its defaults otherwise)
+    "Markdown: per weight format and kept share, the tokens of context that fit and the sequences of `context` at once."
+    n, gib, use = cluster.get("n_machines", 4), cluster.get("machine_gib", 64), cluster.get("usable", 0.75)
+    out = [f"| weights | cache kept | tokens of context that fit ({n} x {gib:g} GB, {100 * use:g} % usable) | "
+           f"sequences at the full {context:,}-token context |", "|---|---|---|---|"]
+    for name, wb in weights:
+        for s in shares:
+            fit = context_that_fits(**model, kv_share=s, weight_bytes=wb, **cluster)
+            out.append(f"| {name} | {100 * s:g} % | {fit:,} | {fit // context} |")
+    return "\n".join(out)

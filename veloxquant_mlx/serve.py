@@ -18,10 +18,10 @@ from .coordinator import fraction_shortfall
 # %% auto #0
 __all__ = ['ROLES', 'REQUEST_FIELDS', 'PREFILL_STEP', 'bytes_to_unicode', 'tiny_tokenizer', 'EvictingModelProvider',
            'EvictingPromptCache', 'server_args', 'RequestError', 'check_messages', 'Limits', 'check_body',
-           'check_prompt', 'parse_allowed', 'request_choices', 'request_config', 'ClientGone', 'client_gone',
-           'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs', 'table_markdown',
-           'time_to_first_token', 'first_token_delays', 'FairBatchGenerator', 'add_serve_parser', 'serve_worker',
-           'serve_from_args']
+           'prompt_shortfall', 'check_prompt', 'shortest_prompt', 'parse_allowed', 'request_choices', 'request_config',
+           'ClientGone', 'client_gone', 'EvictingServer', 'http_json', 'error_message', 'refusal_table', 'bad_inputs',
+           'table_markdown', 'time_to_first_token', 'first_token_delays', 'ttft_table', 'FairBatchGenerator',
+           'add_serve_parser', 'serve_worker', 'serve_from_args']
 
 # %% ../nbs/07a_serve.ipynb #a7a00006
 def bytes_to_unicode()->dict:
@@ -170,6 +170,13 @@ def check_body(body:dict, path:str, limits:Limits):
         raise RequestError(400, f"`max_tokens` is {n}; this server allows at most {limits.max_tokens} per request")
 
 # %% ../nbs/07a_serve.ipynb #a7a00026
+def prompt_shortfall(n_tokens:int, # the prompt's length in the model's tokens
+                     config, # the served `KVCacheConfig`
+                     windows:list)->str|None: # per attention layer, its sliding window (None: global)
+    "Why a prompt of `n_tokens` is too short for the configuration's share of the cache (None: it is not)."
+    if config.kv_fraction is None or not config.entry.budgeted: return None
+    return fraction_shortfall(n_tokens, config.kv_fraction, windows, config.n_sink, config.window_budget)
+
 def check_prompt(n_tokens:int, # the prompt's length in the model's tokens
                  limits:Limits, # the operator's limits
                  config, # the served `KVCacheConfig`
@@ -178,10 +185,16 @@ def check_prompt(n_tokens:int, # the prompt's length in the model's tokens
     if limits.max_prompt_tokens is not None and n_tokens > limits.max_prompt_tokens:
         raise RequestError(400, f"the prompt is {n_tokens} tokens, longer than this server's limit of "
                                 f"{limits.max_prompt_tokens} tokens")
-    if config.kv_fraction is None or not config.entry.budgeted: return
-    why = fraction_shortfall(n_tokens, config.kv_fraction, windows, config.n_sink, config.window_budget)
+    why = prompt_shortfall(n_tokens, config, windows)
     if why: raise RequestError(400, f"the prompt is {n_tokens} tokens, too short for this server's cache "
                                     f"configuration {config.label}: {why}")
+
+# %% ../nbs/07a_serve.ipynb #a51d5e41
+def shortest_prompt(config, # the served `KVCacheConfig`
+                    windows:list, # per attention layer, its sliding window (None: global)
+                    longest:int=1 << 16)->int: # look no further (returned when even that prompt is too short)
+    "The shortest prompt `check_prompt` lets `config` serve: 1 unless a `kv_fraction` cannot give each layer its floor."
+    return next((n for n in range(1, longest) if not prompt_shortfall(n, config, windows)), longest)
 
 # %% ../nbs/07a_serve.ipynb #a7a00071
 REQUEST_FIELDS = {"method": str, "budget": int, "kv_fraction": float}  # what a request may choose, and its type
@@ -531,6 +544,24 @@ def first_token_delays(url:str, # the server
     r.read()
     held.read()
     return dict(alone_s=alone, behind_long_s=loaded, ratio=loaded / alone)
+
+# %% ../nbs/07a_serve.ipynb #3236060d
+def ttft_table(doc:dict, # what `scripts/bench_serve_ttft.py --out` writes: the settings and one row per run
+               server_step:int=2048)->str: # mlx-lm's server's own prefill chunk
+    "A short request's seconds to first token, alone and behind the long prompt, per chunk and scheduler (Markdown)."
+    def name(step, scheduler):
+        who = {"mlx": "mlx-lm's `BatchGenerator`", "fair": "`FairBatchGenerator`"}.get(scheduler, scheduler)
+        if scheduler == "mlx" and step == server_step: who += " (mlx-lm's server)"
+        if scheduler == "fair" and step == PREFILL_STEP: who += " (this server)"
+        return f"{step:,}{' (`PREFILL_STEP`)' if step == PREFILL_STEP and scheduler == 'mlx' else ''}, {who}"
+    head = (f"**Behind a long prompt of {doc['long_prompt_tokens']:,} tokens** ({doc['model']}, `{doc['method']}`; a "
+            f"{doc['short_prompt_tokens']}-token short request; {doc['machine']['cpu_count']} cores, load average "
+            f"{doc['machine']['load_avg'][0]:.1f} at the start):")
+    out = [head, "", "| prefill chunk, scheduler | short request alone | behind the long prompt | ratio |",
+           "|---|---|---|---|"]
+    out += [f"| {name(r['prefill_step'], r['scheduler'])} | {r['alone_s']:.2f} s | {r['behind_long_s']:.3g} s | "
+            f"{r['ratio']:.1f}x |" for r in doc["runs"]]
+    return "\n".join(out)
 
 # %% ../nbs/07a_serve.ipynb #a7a00066
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch

@@ -11,7 +11,8 @@ from .measure import machine_info
 # %% auto #0
 __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'prompt_ids', 'prefill', 'staggered', 'generation_batch', 'decode_batch',
            'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
-           'batch_headline', 'batch_details', 'plot_results', 'main', 'profile_main', 'markdown_step_profile']
+           'batch_headline', 'batch_details', 'evict_ratios', 'ratios_against', 'round_spread', 'plot_results', 'main',
+           'profile_main', 'markdown_step_profile']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -283,6 +284,25 @@ def batch_details(res:dict)->str: # a run of `run_sweep`
                    f"{run['prefill_s']['evict']:.0f} s (eviction); eviction's tokens/s over the full cache's at equal "
                    f"rows: {', '.join(same)}; peak memory at the cap (weights included): {peaks}.")
     return "\n".join(out)
+
+# %% ../../nbs/13a_eval_batch_bench.ipynb #75ed36be
+def evict_ratios(res:dict, # a run of `run_sweep`
+                 n:str)->dict: # one of its prompt lengths
+    "Batch size -> the evicting row's tokens/s over the full cache's, both measured in this run."
+    run = res["runs"].get(n, {})
+    full = {r["B"]: r["tok_s"] for r in run.get("full", [])}
+    return {r["B"]: r["tok_s"] / full[r["B"]] for r in run.get("evict", []) if r["B"] in full}
+
+def ratios_against(now:dict, was:dict, # two runs of `run_sweep`
+                   least:int=1)->str: # only batch sizes from this many rows on
+    "At the batch sizes both runs measured: `now`'s ratio to the full cache and (in brackets) `was`'s."
+    return "; ".join(f"{B} row{'s' * (B > 1)} {x:.2f}x ({evict_ratios(was, n)[B]:.2f}x)" for n in now["runs"]
+                     for B, x in evict_ratios(now, n).items() if B >= least and B in evict_ratios(was, n))
+
+def round_spread(*runs)->float: # runs of `run_sweep`
+    "The largest spread of one point's rounds (fastest over slowest, minus 1) over every point of `runs`."
+    return max((max(r["tok_s_rounds"]) / min(r["tok_s_rounds"]) - 1 for res in runs for run in res["runs"].values()
+                for k in ("full", "evict") for r in run.get(k, []) if len(r.get("tok_s_rounds", [])) > 1), default=0.0)
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300014
 def plot_results(res:dict, folder:str, prefix:str="batch_speed",

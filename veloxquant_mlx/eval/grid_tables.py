@@ -4,11 +4,11 @@
 
 # %% ../../nbs/11i_eval_grid_tables.ipynb #513c3ef8
 from __future__ import annotations
-from .measure import partial_chance
+from .measure import partial_chance, score_answer
 
 # %% auto #0
 __all__ = ['SUMMARY_ROWS', 'GRID_LABELS', 'format_table', 'gap_table', 'markdown_table', 'paired_nll', 'perplexity_table',
-           'summary_markdown']
+           'summary_markdown', 'grid_values', 'nll_diffs', 'nll_wins', 'nll_verdict', 'passkey_answers']
 
 # %% ../../nbs/11i_eval_grid_tables.ipynb #9ad843b0
 def format_table(res: dict) -> str:
@@ -218,3 +218,47 @@ def summary_markdown(
             f"{min(depths):g}-{max(depths):g}): the full cache retrieves {round(full_pk['accuracy'] * n)}/{n}; {found}."
         )
     return "\n".join(text).strip()
+
+# %% ../../nbs/11i_eval_grid_tables.ipynb #b38a3bf9
+def grid_values(res:dict, # a quality run (`load_results`)
+                name:str, # a row of the grid
+                field:str, # a field of its rows ("partial", "ppl_increase", "kv_fraction", ...)
+                task:str="passkey", # or "perplexity"
+               )->list:
+    "`field` of row `name` at each of the run's budgets (None where the row did not run)."
+    return [(_find(res, task, name, b) or {}).get(field) for b in res["settings"]["budgets"]]
+
+def nll_diffs(res:dict, a:str, b:str, # rows of the grid: `a` minus `b`
+              se:bool=False, # add each difference's standard error
+              signed:bool=True, # a '+' before positive differences
+              sep:str=" / ", # between budgets
+             )->str:
+    "The paired NLL differences (nats/token) per budget, as the prose quotes them: '+0.19 +- 0.08 / -0.03 +- 0.05'."
+    f = "{:+.2f}" if signed else "{:.2f}"
+    return sep.join(f.format(d["mean_diff"]) + (f" +- {d['se']:.2f}" if se else "") for d in paired_nll(res, a, b))
+
+def nll_wins(res:dict, a:str, b:str, sep:str=", ")->str:
+    "On how many texts `a` had the lower NLL, per budget: '6/6, 6/6, 5/6'."
+    return sep.join(f"{d['a_lower']}/{d['texts']}" for d in paired_nll(res, a, b))
+
+def nll_verdict(d:dict, # a `paired_nll` entry
+                z:float=2.0, # standard errors a difference must exceed
+               )->str:
+    "'lower' or 'higher' where `a`'s mean NLL differs from `b`'s by more than `z` standard errors, else 'tie'."
+    m, e = d["mean_diff"], z * d["se"]
+    return "lower" if m < -e else "higher" if m > e else "tie"
+
+# %% ../../nbs/11i_eval_grid_tables.ipynb #8ad09968
+def passkey_answers(res:dict, # a quality run (`load_results`)
+                    name:str, # a row of the grid ("full": the full cache)
+                    budget:int|None=None, # its budget (None for "full")
+                   )->list:
+    "Per prompt: its key, depth and length, the row's answer, its partial credit and the leading digits it got right."
+    r = _find(res, "passkey", name, budget)
+    if r is None: raise ValueError(f"no pass-key row `{name}` at budget {budget} in this run")
+    out = []
+    for p, key, ans in zip(res["prompts"], res["keys"], r["answers"]):
+        lead = next((i for i, (x, y) in enumerate(zip(ans, key)) if x != y), min(len(ans), len(key)))
+        out.append(dict(key=key, depth=p["depth"], tokens=p["tokens"], answer=ans,
+                        partial=score_answer(ans, key)["partial"], lead=lead))
+    return out

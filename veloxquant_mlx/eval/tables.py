@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['hits', 'passkey_cells', 'fraction_table', 'fraction_headline', 'perplexity_table_fraction', 'prefill_table']
+__all__ = ['hits', 'passkey_cells', 'fraction_table', 'fraction_headline', 'perplexity_table_fraction', 'prefill_table', 'span',
+           'passkey_hits', 'hits_text', 'ppl_change', 'held', 'goal_rows']
 
 # %% ../../nbs/11h_eval_tables.ipynb #4e7d4f90
 def hits(r:dict)->int:
@@ -99,3 +100,70 @@ def prefill_table(res:dict)->str: # `run_prefill_study`'s JSON
     lines += [f"| `{r['label']}` | {r['tokens']:,} | {mib(r['peak_bytes']):,.0f} | {mib(r['kv_bytes_bf16']):.1f} |"
               for r in peak]
     return "\n".join(lines)
+
+# %% ../../nbs/11h_eval_tables.ipynb #16915840
+def span(xs, # figures
+         fmt:str="{:.0f}", # how each is written
+         sep:str="-")->str: # between the smallest and the largest
+    "The smallest and largest of `xs` as 'a-b', or 'a' where both are written the same."
+    lo, hi = fmt.format(min(xs)), fmt.format(max(xs))
+    return lo if lo == hi else lo + sep + hi
+
+def _passkey_rows(res:dict, name:str, length:int, fraction:float, family:str|None=None)->list:
+    got = [r for r in res["rows"] if r["task"] == "passkey" and r["name"] == name and r["length"] == length
+           and r["fraction"] == fraction and family in (None, r["family"])]
+    if not got: raise ValueError(f"no pass-key row `{name}` at {length} tokens and {fraction} of the full cache")
+    return got
+
+def passkey_hits(res:dict, # `load_fraction_results`
+                 name:str, # a row of the grid ("full" at fraction 1.0)
+                 length:int, # the prompts' length
+                 fraction:float, # the share of the full cache's bytes
+                 family:str|None=None, # one prompt family (default: every family the row ran)
+                )->tuple:
+    "(keys retrieved, prompts) of row `name` at `length` and `fraction`, summed over its families."
+    got = _passkey_rows(res, name, length, fraction, family)
+    return sum(hits(r) for r in got), sum(r["samples"] for r in got)
+
+def hits_text(res:dict, name:str, length:int, fraction:float, family:str|None=None)->str:
+    "`passkey_hits` as the prose quotes it: '13/15'."
+    return "{}/{}".format(*passkey_hits(res, name, length, fraction, family))
+
+# %% ../../nbs/11h_eval_tables.ipynb #b2df1b96
+def ppl_change(res:dict|list, # a run with perplexity rows (`load_fraction_results`, `perplexity_study`), or its rows
+               name:str, # a row of the run
+               fraction:float|None=None, # the share of the full cache's bytes (None: rows without one, e.g. storage)
+               **match, # fields the row must also have, e.g. budget=256
+              )->float:
+    "The perplexity change (%) of the one perplexity row `name` (at `fraction`) against the full cache."
+    rows, want = res["rows"] if isinstance(res, dict) else res, dict(match, **({} if fraction is None else
+                                                                               dict(fraction=fraction)))
+    got = [r for r in rows if r.get("task", "perplexity") == "perplexity" and r["name"] == name
+           and all(r.get(k) == v for k, v in want.items())]
+    if len(got) != 1: raise ValueError(f"{len(got)} perplexity rows `{name}` with {want} in this run; expected one")
+    return 100 * (got[0]["ppl_ratio"] - 1)
+
+def held(res:dict, name:str, fraction:float, # as `ppl_change`
+         length:int|None=None, # pass-key rows of one prompt length only
+         task:str="passkey", # or "perplexity"
+        )->float:
+    "The share of the full cache's bf16 bytes that row `name` held at `fraction`, averaged over its families."
+    got = [r for r in res["rows"] if r["task"] == task and r["name"] == name and r["fraction"] == fraction
+           and length in (None, r.get("length"))]
+    if not got: raise ValueError(f"no {task} row `{name}` at {fraction} of the full cache")
+    return sum(r["kv_fraction_bf16"] for r in got) / len(got)
+
+# %% ../../nbs/11h_eval_tables.ipynb #19be2fba
+def goal_rows(res:dict, # `load_fraction_results`
+              length:int, fraction:float, # the column
+              goal:float, # the share of the full cache's hits a row must keep (in the families it ran)
+             )->list:
+    "The rows of the column (`length`, `fraction`) whose keys reach `goal` times the full cache's, in the run's order."
+    out = []
+    for name in dict.fromkeys(r["name"] for r in res["rows"] if r["task"] == "passkey" and r["name"] != "full"):
+        got = [r for r in res["rows"] if r["task"] == "passkey" and r["name"] == name and r["length"] == length
+               and r["fraction"] == fraction]
+        if not got: continue
+        full = sum(passkey_hits(res, "full", length, 1.0, r["family"])[0] for r in got)
+        if sum(hits(r) for r in got) >= goal * full: out.append(name)
+    return out
