@@ -279,7 +279,7 @@ def batch_details(res:dict)->str: # a run of `run_sweep`
         same = [f"{B} row{'s' * (B > 1)} {ratio(B):.2f}x" for B in sorted(by["full"]) if B in by["evict"]]
         a = run.get("at_cap", {})
         peaks = "; ".join(f"{'full' if k == 'full' else 'eviction'} {mib(by[k][a[k]['B']]['peak_bytes'])} at "
-                          f"{a[k]['B']} rows" for k in ("full", "evict") if a.get(k, {}).get("B") in by[k])
+                          f"{a[k]['B']} row{'s' * (a[k]['B'] != 1)}" for k in ("full", "evict") if a.get(k, {}).get("B") in by[k])
         out.append(f"- {int(n):,}-token prompts: prefill {run['prefill_s']['full']:.0f} s (full) and "
                    f"{run['prefill_s']['evict']:.0f} s (eviction); eviction's tokens/s over the full cache's at equal "
                    f"rows: {', '.join(same)}; peak memory at the cap (weights included): {peaks}.")
