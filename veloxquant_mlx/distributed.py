@@ -6,7 +6,7 @@
 from __future__ import annotations
 from .blas import preload_openblas
 preload_openblas()
-import dataclasses, json, math, os, sys
+import dataclasses, inspect, json, math, os, sys
 from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -267,7 +267,8 @@ def capacity_table(model:dict, # `context_that_fits`'s n_layers, n_kv_heads, hea
                    shares:tuple=(1.0, 0.25, 0.125), # shares of the cache kept
                    **cluster)->str: # `context_that_fits`'s n_machines, machine_gib, usable (its defaults otherwise)
     "Markdown: per weight format and kept share, the tokens of context that fit and the sequences of `context` at once."
-    n, gib, use = cluster.get("n_machines", 4), cluster.get("machine_gib", 64), cluster.get("usable", 0.75)
+    at = {k: p.default for k, p in inspect.signature(context_that_fits).parameters.items()} | cluster
+    n, gib, use = at["n_machines"], at["machine_gib"], at["usable"]
     out = [f"| weights | cache kept | tokens of context that fit ({n} x {gib:g} GB, {100 * use:g} % usable) | "
            f"sequences at the full {context:,}-token context |", "|---|---|---|---|"]
     for name, wb in weights:

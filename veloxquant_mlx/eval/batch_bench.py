@@ -278,8 +278,9 @@ def batch_details(res:dict)->str: # a run of `run_sweep`
         ratio = lambda B: by["evict"][B]["tok_s"] / by["full"][B]["tok_s"]
         same = [f"{B} row{'s' * (B > 1)} {ratio(B):.2f}x" for B in sorted(by["full"]) if B in by["evict"]]
         a = run.get("at_cap", {})
+        rows = lambda B: f"{B} row{'s' * (B != 1)}"
         peaks = "; ".join(f"{'full' if k == 'full' else 'eviction'} {mib(by[k][a[k]['B']]['peak_bytes'])} at "
-                          f"{a[k]['B']} row{'s' * (a[k]['B'] != 1)}" for k in ("full", "evict") if a.get(k, {}).get("B") in by[k])
+                          f"{rows(a[k]['B'])}" for k in ("full", "evict") if a.get(k, {}).get("B") in by[k])
         out.append(f"- {int(n):,}-token prompts: prefill {run['prefill_s']['full']:.0f} s (full) and "
                    f"{run['prefill_s']['evict']:.0f} s (eviction); eviction's tokens/s over the full cache's at equal "
                    f"rows: {', '.join(same)}; peak memory at the cap (weights included): {peaks}.")
@@ -296,8 +297,8 @@ def evict_ratios(res:dict, # a run of `run_sweep`
 def ratios_against(now:dict, was:dict, # two runs of `run_sweep`
                    least:int=1)->str: # only batch sizes from this many rows on
     "At the batch sizes both runs measured: `now`'s ratio to the full cache and (in brackets) `was`'s."
-    return "; ".join(f"{B} row{'s' * (B > 1)} {x:.2f}x ({evict_ratios(was, n)[B]:.2f}x)" for n in now["runs"]
-                     for B, x in evict_ratios(now, n).items() if B >= least and B in evict_ratios(was, n))
+    pairs = [(B, x, evict_ratios(was, n).get(B)) for n in now["runs"] for B, x in evict_ratios(now, n).items()]
+    return "; ".join(f"{B} row{'s' * (B > 1)} {x:.2f}x ({y:.2f}x)" for B, x, y in pairs if B >= least and y is not None)
 
 def round_spread(*runs)->float: # runs of `run_sweep`
     "The largest spread of one point's rounds (fastest over slowest, minus 1) over every point of `runs`."

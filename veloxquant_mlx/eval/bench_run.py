@@ -7,6 +7,7 @@ from __future__ import annotations
 import json, os, sys, time
 from dataclasses import dataclass, field, asdict
 from .measure import machine_info
+from .tables import span
 from .bench import (build_model, real_gemma_available, head_dim_of, decode_kinds, DecodeRun,
                                        EvictProfile, bench_decode, profile_decode_evict)
 from .bench_prefill import (CONTEXT_KINDS, ContextSweep, EvictPaths, CoordinatorCost,
@@ -195,10 +196,7 @@ def format_table(run:SpeedRun)->str:
     return "\n".join([f"machine: {m['cpu_count']} CPUs, {m['device']}, {m['blas']}"] + [s for s in sections if s])
 
 # %% ../../nbs/12c_eval_bench_run.ipynb #a5cfdee9
-def _span(xs:list, fmt:str="{:.2f}x")->str:
-    "A list of figures as 'a' or 'a-b' (its smallest and largest)."
-    lo, hi = min(xs), max(xs)
-    return fmt.format(lo) if f"{lo:.2f}" == f"{hi:.2f}" else fmt.format(lo) + "-" + fmt.format(hi)
+_span = lambda xs, fmt="{:.2f}x": span(xs, fmt)          # `eval.tables.span`, ratios by default
 
 def speed_verdicts(run:SpeedRun, decode_target:float=1.15, # the most a step may cost against plain
                    prefill_target:float=1.3, # the most the prefill may cost at the longest prompt
