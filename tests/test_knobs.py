@@ -100,15 +100,19 @@ def test_no_module_keeps_a_list_of_field_names(path):
 
 # --- labels ---------------------------------------------------------------------------------------------------------
 
-def test_the_label_names_every_labelled_field_and_reads_back():
+def test_the_label_names_every_labelled_field_and_reads_back(tmp_path):
+    from veloxquant_mlx.planner import save_rung_table, RUNG_QUALITY
+    save_rung_table(RUNG_QUALITY[64], tmp_path / "rungs.json")
     labelled = [n for n, f in FIELDS.items() if f.metadata["label"]]
     assert labelled == list(cli.CONFIG_FIELDS[2:])        # every option but the budget and the sinks, in field order
     c = KVCacheConfig.for_method("h2o", 64, n_recent=2, compress="chunk", slack=1, window_budget=20, kv_bits=4,
                                  kv_group_size=32, kv_scheme="group", schedule="uniform")
     f = KVCacheConfig.for_method("snapkv", kv_fraction=0.5, window_method="tova", kv_bits=4, window_kv_bits=8)
-    named = {part.split("=")[0] for x in (c, f) for part in x.label.split("[")[1].rstrip("]").split(",")}
+    q = KVCacheConfig.for_method("chunkkv", kv_fraction=0.25, kv_bits="auto", kv_quality=str(tmp_path / "rungs.json"))
+    named = {part.split("=")[0] for x in (c, f, q) for part in x.label.split("[")[1].rstrip("]").split(",")}
     assert named == set(labelled)
     assert KVCacheConfig.from_label(c.label, 64) == c and KVCacheConfig.from_label(f.label) == f
+    assert KVCacheConfig.from_label(q.label) == q
 
 
 # --- method parameters from their policy's or schedule's field, and dead code gone ---------------------------------

@@ -13,7 +13,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from .cache import EvictingCache, install_attention_hook, COMPRESS, fit
 from .coordinator import Uniform, Pyramid, Squeeze, KVFraction, WindowSplit
-from .planner import KVPlan, WeightedFraction
+from .planner import KVPlan, WeightedFraction, load_rung_table
 from .methods import METHODS, SCORE, SIGNAL, BETA, STRENGTH
 from .policies import _check_int
 from .allocators import _check_real
@@ -85,6 +85,9 @@ class KVCacheConfig:
     window_kv_bits:int|None = knob(None)
     # how the layers share the budget, over any method's policy (default: the method's own)
     schedule:str|None = knob(None, choices=SCHEDULES)
+    # with kv_bits='auto': a rung table measured for this model (a JSON file `veloxquant calibrate` writes), saying
+    # which widths the planner may use; default: the table measured nearest the model's head_dim
+    kv_quality:str|None = knob(None)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -147,7 +150,8 @@ def layer_schedule(self:KVCacheConfig):
 def _byte_schedule(self:KVCacheConfig, name:str):
     "The schedule of a share of bytes under schedule `name`: the byte planner, a weighted share, or `KVFraction`."
     if self.kv_bits == "auto":
-        return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack)
+        quality = "measured" if self.kv_quality is None else load_rung_table(self.kv_quality)
+        return KVPlan(self.kv_fraction, self.kv_group_size, self.window_budget, slack=self.slack, quality=quality)
     p = self.params
     if name in ("pyramid", "squeeze"):
         return WeightedFraction(self.kv_fraction, name, p.get("beta", BETA.default),
@@ -183,6 +187,8 @@ def _check_shared(self:KVCacheConfig):
 def _check_kv(self:KVCacheConfig):
     "The storage format, and whether this method can use it (mlx-lm's caches quantize only group-wise)."
     if self.kv_bits == "auto": return self._check_auto()
+    if self.kv_quality is not None:
+        raise ValueError(f"`kv_quality` is read by the byte planner (kv_bits='auto'), got kv_bits={self.kv_bits!r}")
     mlx = self.kv_scheme == "mlx"
     if mlx and "mlx" not in self.entry.kv_storage:
         raise ValueError(f"`kv_scheme`='mlx' (mlx-lm's own QuantizedKVCache, which cannot evict) is for method "
@@ -212,6 +218,7 @@ def _check_auto(self:KVCacheConfig):
            "chooses the widths itself: drop `window_kv_bits`" if self.window_kv_bits is not None else
            "needs an eviction method" if not self.entry.budgeted or self.entry.baseline else None)
     if why: raise ValueError(f"`kv_bits`='auto' {why} (method {self.method!r}, kv_fraction={self.kv_fraction})")
+    if self.kv_quality is not None: load_rung_table(self.kv_quality)        # a readable table, or a clear error
 
 # %% ../nbs/05_builder.ipynb #47e80818
 @patch

@@ -6,7 +6,8 @@
 from __future__ import annotations
 from .blas import preload_openblas
 preload_openblas()
-import argparse, json, os, re, sys, time
+import argparse, json, os, re, shlex, sys, time
+from pathlib import Path
 from dataclasses import dataclass
 
 # %% auto #0
@@ -14,7 +15,8 @@ __all__ = ['TINY_ARCHS', 'CONFIG_FIELDS', 'METHODS', 'DEFAULT_BUDGET', 'COMMANDS
            'context_length', 'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'config_options',
            'RunOptions', 'method_config', 'encode_prompt', 'run_method', 'plan_line', 'format_report', 'format_compare',
            'register_command', 'method_params', 'add_method_option', 'add_config_options', 'build_parser',
-           'read_prompt', 'configs_from_args', 'options_from_args', 'main']
+           'read_prompt', 'configs_from_args', 'options_from_args', 'main', 'rung_table_path', 'add_calibrate_parser',
+           'calibrate_from_args']
 
 # %% ../nbs/07_cli.ipynb #f49069b6
 class CLIError(Exception):
@@ -475,3 +477,37 @@ def main(argv:list|None=None, # arguments (default: sys.argv[1:])
     except KeyboardInterrupt:
         print("veloxquant: error: interrupted", file=sys.stderr)
         return 130
+
+# %% ../nbs/07_cli.ipynb #95ae9815
+def rung_table_path(spec:str|None, # the --model value (None: the default model)
+                   )->Path:
+    "Where `veloxquant calibrate` keeps a model's rung table: the user's cache directory, named after the model."
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "veloxquant_mlx" / "rungs"
+    name = str(Path(spec).resolve()) if spec and Path(spec).is_dir() else spec or "gemma3"   # a directory: where it is
+    return root / (re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") + ".json")
+
+def add_calibrate_parser(sub, # the subcommands (argparse's subparsers)
+                        ):
+    "`veloxquant calibrate`: its options."
+    c = sub.add_parser("calibrate", help="measure the model's rung table for the byte planner (then --kv-quality)")
+    c.add_argument("--model", default=None, help="as for generate (default: Gemma 3 270M)")
+    c.add_argument("--out", default=None, help="the table's file (default: ~/.cache/veloxquant_mlx/rungs/MODEL.json)")
+    c.add_argument("--texts", type=int, default=2, help="texts of prose and of code to measure on")
+    c.add_argument("--context", type=int, default=1536, help="tokens read before the 256 scored")
+
+def calibrate_from_args(args, # the parsed command line
+                       )->int:
+    "Measure (or read back) the model's rung table and say where it is."
+    from veloxquant_mlx.eval.tasks import measure_rung_quality        # the harness sits above the command line
+    from veloxquant_mlx.allocators import _check_int
+    _check_int("--texts", args.texts, 1)
+    _check_int("--context", args.context, 16)
+    model, tok = load_cli_model(args.model)
+    path = Path(args.out) if args.out else rung_table_path(args.model)
+    table = measure_rung_quality(model, tok, path, n_texts=args.texts, context=args.context,
+                                 about=args.model or "gemma3", log=lambda s: print(s, file=sys.stderr))
+    for (w, g), v in table.items(): print(f"{w}/{g} bits (windowed/global): {v:+.2f} % perplexity")
+    print(f"rung table: {path} (use it with --kv-quality {shlex.quote(str(path))})")
+    return 0
+
+register_command("calibrate", add_calibrate_parser, calibrate_from_args)

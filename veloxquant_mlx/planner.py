@@ -4,7 +4,8 @@
 
 # %% ../nbs/04b_planner.ipynb #5f9b9713
 from __future__ import annotations
-import math
+import json, math
+from pathlib import Path
 from dataclasses import dataclass, replace, fields
 from typing import NamedTuple
 from fastcore.basics import patch
@@ -13,12 +14,13 @@ from .allocators import _check_real, _check_int
 from .coordinator import (Schedule, PromptEndCoordinator, full_slots, slot_bytes, residual_slots,
                                         _fraction_split, fraction_shortfall)
 from .costs import plan_price, slowest, device_costs
-from .storage import layout, DEFAULT_SCHEME
+from .storage import layout, DEFAULT_SCHEME, KV_BITS
 
 # %% auto #0
-__all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'GLOBAL_EVICT', 'LOSSLESS', 'WINDOW_TRIM', 'plan_bytes', 'prices',
-           'PlanSettings', 'plan_layers', 'plan_in_time', 'PlanCoordinator', 'KVPlan', 'squeeze_weights',
-           'pyramid_weights', 'WeightedFractionCoordinator', 'WeightedFraction']
+__all__ = ['LADDER', 'WINDOW_STEPS', 'GLOBAL_KEEP', 'GLOBAL_EVICT', 'LOSSLESS', 'WINDOW_TRIM', 'USABLE_PPL', 'RUNG_QUALITY',
+           'plan_bytes', 'prices', 'rung_quality', 'PlanSettings', 'save_rung_table', 'load_rung_table', 'plan_layers',
+           'plan_in_time', 'PlanCoordinator', 'KVPlan', 'squeeze_weights', 'pyramid_weights',
+           'WeightedFractionCoordinator', 'WeightedFraction']
 
 # %% ../nbs/04b_planner.ipynb #582621e6
 LADDER = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3), (3, 3))  # (windowed, global) bits, best first: measured (no 2 bits)
@@ -51,6 +53,19 @@ GLOBAL_EVICT = 0.15  # a lossless rung may evict this share of the global layers
 LOSSLESS = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3))  # rungs measured within 0.5 % of the full cache's perplexity
 WINDOW_TRIM = 2  # groups a lossless rung may take from the largest window (and any as large) to keep global tokens
 
+# %% ../nbs/04b_planner.ipynb #a2f7dd87
+USABLE_PPL = 8.0  # (%) a rung that costs more than this with every token kept leaves the model's ladder
+RUNG_QUALITY = {  # head_dim -> (windowed, global) bits -> perplexity change (%) with every token kept (`--rungs`)
+    64: {(8, 8): 0.1, (6, 6): 0.3, (5, 5): 1.2, (4, 4): 1.4, (4, 3): 10.6, (3, 3): 10.6, (2, 2): 97.0},  # SmolLM2
+    256: {(8, 8): -0.1, (6, 6): -0.1, (5, 5): 0.7, (4, 4): 2.0, (4, 3): 0.0, (3, 3): 5.8, (2, 2): 146.4},  # Gemma 3
+}
+
+def rung_quality(head_dim:int, # the model's head_dim (the nearest measured table is used)
+                )->dict:
+    "The measured rung table nearest `head_dim` (log scale; a tie, e.g. 128, takes the smaller: the Llama-family one)."
+    _check_int("head_dim", head_dim, 1)
+    return RUNG_QUALITY[min(RUNG_QUALITY, key=lambda h: (abs(math.log2(h / head_dim)), h))]
+
 # %% ../nbs/04b_planner.ipynb #82051b4b
 @dataclass(frozen=True)
 class PlanSettings:
@@ -63,12 +78,29 @@ class PlanSettings:
     slack:int = 0 # tokens a choice leaves free (see `prices`)
     max_evict:float = GLOBAL_EVICT # share of the global layers' tokens a rung may evict (0: no trim either)
     window_trim:int = WINDOW_TRIM # groups a rung may take from the windows to keep the global tokens
+    quality:dict|None = None # rung -> perplexity change (%) keeping every token (`rung_quality`); None: every rung
     def __post_init__(self):
         for name, lo in (("n_sink", 0), ("group_size", 1), ("slack", 0), ("window_trim", 0)):
             _check_int(name, getattr(self, name), lo)
         if self.window_budget is not None: _check_int("window_budget", self.window_budget, 1)
         _check_real("max_evict", self.max_evict, 0.0, 1.0)
         layout(None, self.scheme)                                            # a known layout, or a clear error
+        if self.quality is not None: _check_rung_table(self.quality)
+    def rungs(self)->tuple:
+        "(the rungs the plan may use, the lossless ones): the ladder less what the measured `quality` rules out."
+        q, ladder = self.quality or {}, tuple(tuple(r) for r in self.ladder)   # a rung the table lacks: usable
+        usable = tuple(r for r in ladder if q.get(r, 0.0) <= USABLE_PPL)
+        return usable, tuple(r for r in usable if r in LOSSLESS)
+
+def _check_rung_table(table, name:str="quality"):
+    "A rung table: (windowed, global) bits of `KV_BITS` -> a finite perplexity change (%); else a clear error."
+    if not isinstance(table, dict):
+        raise ValueError(f"`{name}` must be a dict of (windowed, global) bits -> perplexity change (%), got {table!r}")
+    for r, v in table.items():
+        ok_rung = isinstance(r, tuple) and len(r) == 2 and all(type(b) is int and b in KV_BITS for b in r)
+        if not ok_rung or type(v) not in (int, float) or not math.isfinite(v):
+            raise ValueError(f"`{name}` maps (windowed, global) bits, each one of {KV_BITS}, to a finite perplexity "
+                             f"change (%); got {r!r}: {v!r}")
 
 def _settings(settings:PlanSettings|None, overrides:dict)->PlanSettings:
     "`settings` (or the defaults) with `overrides`, checked; an unknown name is refused by name."
@@ -93,6 +125,32 @@ def _ask(n_tokens:int, fraction:float, windows:list)->_Ask:
     if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
     full = full_slots(_check_int("n_tokens", n_tokens, 1), windows)
     return _Ask(n_tokens, fraction, list(windows), full, [i for i, w in enumerate(windows) if w is None])
+
+# %% ../nbs/04b_planner.ipynb #829ba29d
+def save_rung_table(table:dict, # (windowed, global) bits -> perplexity change (%)
+                    path, # where to write it (a JSON file)
+                    **settings, # how it was measured (model, texts, context...)
+                   ):
+    "Write a rung table as JSON: `{\"rungs\": {\"4-3\": 1.2, ...}, \"settings\": {...}}`."
+    _check_rung_table(table, "table")
+    rungs = {f"{w}-{g}": round(float(v), 3) for (w, g), v in table.items()}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(dict(rungs=rungs, settings=settings), indent=1))
+
+def load_rung_table(path, # a file `save_rung_table` wrote
+                   )->dict:
+    "The rung table in a JSON file: (windowed, global) bits -> perplexity change (%); a clear error if it is not one."
+    try: rungs = json.loads(Path(path).expanduser().read_text())["rungs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"`kv_quality`={str(path)!r} is not a rung table ({type(e).__name__}: {e})") from None
+    if not isinstance(rungs, dict):
+        raise ValueError(f"`kv_quality`={str(path)!r}: 'rungs' must map 'windowed-global' bits to a change, "
+                         f"got {rungs!r}")
+    try: table = {tuple(int(b) for b in k.split("-")): v for k, v in rungs.items()}
+    except (ValueError, AttributeError) as e:
+        raise ValueError(f"`kv_quality`={str(path)!r}: rungs are 'windowed-global' bits, got {list(rungs)!r}") from None
+    _check_rung_table(table, f"kv_quality`={str(path)!r}: `rungs")
+    return table
 
 # %% ../nbs/04b_planner.ipynb #5a293e92
 def _whole_groups(full, glob, group_size)->int:
@@ -149,11 +207,12 @@ def _evict_plan(ask:_Ask, s:PlanSettings, bits:list, steps:tuple)->list|None:
 def _candidates(ask:_Ask, s:PlanSettings):
     "Every plan `plan_layers` weighs, in the order it prefers them: (bits, budgets), each within the share."
     g, widths = s.group_size, lambda r: [r[1] if w is None else r[0] for w in ask.windows]
-    keep = next((r for r in s.ladder if plan_bytes(widths(r), ask.full, g, s.scheme, s.slack) <= ask.cap + 1e-9), None)
-    if keep in LOSSLESS:                                                 # 1. every token, at a lossless width
+    ladder, lossless = s.rungs()                                        # by the measured table, if any
+    keep = next((r for r in ladder if plan_bytes(widths(r), ask.full, g, s.scheme, s.slack) <= ask.cap + 1e-9), None)
+    if keep in lossless:                                                 # 1. every token, at a lossless width
         yield widths(keep), ask.full
         return
-    rungs = [r for r in s.ladder if r in LOSSLESS] if s.max_evict and ask.glob else []
+    rungs = [r for r in ladder if r in lossless] if s.max_evict and ask.glob else []
     wins = [w for w in ask.windows if w is not None]
     trim = max(wins) - s.window_trim * g if wins and max(wins) > (s.window_trim + 1) * g else None
     allowed = (1 - s.max_evict) * sum(ask.full[i] for i in ask.glob)      # the global tokens a rung must keep
@@ -164,7 +223,7 @@ def _candidates(ask:_Ask, s:PlanSettings):
         if b is not None and sum(b[i] for i in ask.glob) >= need: yield widths(r), b
     if keep is not None: yield widths(keep), ask.full                    # 3. every token, at a lossy width
     steps = WINDOW_STEPS if s.window_budget is None else (s.window_budget, "even")
-    for bits in ([widths(s.ladder[-1])] if s.ladder else []) + [[16] * len(ask.windows)]:
+    for bits in ([widths(ladder[-1])] if ladder else []) + [[16] * len(ask.windows)]:
         b = _evict_plan(ask, s, bits, steps)                             # 4. evict: the last rung, then unpacked
         if b is not None: yield bits, b
 
@@ -228,6 +287,12 @@ def plan_in_time(n_tokens:int, # the prompt's length
                    f"({ratio(best):.2f}x, {sum(best[1])} of {sum(ask.full)} tokens)")
 
 # %% ../nbs/04b_planner.ipynb #b0f92ee4
+def _check_quality(quality):
+    "A rung table's source: 'measured', None, or a table (its rungs checked by `PlanSettings`)."
+    if not (quality is None or quality == "measured" or isinstance(quality, dict)):
+        raise ValueError(f"`quality` must be 'measured', a dict or None, got {quality!r}")
+    if isinstance(quality, dict): PlanSettings(quality=quality)
+
 class PlanCoordinator(PromptEndCoordinator):
     "Sets every layer's bits and budget when the prompt ends, by `plan_in_time`."
     def __init__(self, n_layers:int, # attention layers taking part
@@ -235,15 +300,20 @@ class PlanCoordinator(PromptEndCoordinator):
                  windows:list, # per-layer sliding window (None for a global layer)
                  settings:PlanSettings|None=None, # how to spend the share (None: `PlanSettings()`)
                  costs:str|dict|None="device", # attention prices (`plan_in_time`): "device" measured, None bytes alone
+                 quality:str|dict|None="measured", # rung table: "measured" (`rung_quality`), a table, None (`LOSSLESS`)
                 ):
         self.settings = settings or PlanSettings()
+        _check_quality(quality)
+        if self.settings.quality is not None:
+            raise ValueError("`settings.quality` is set by the coordinator at the prompt's end: give the table as "
+                             "`quality`")
         super().__init__(n_layers, fraction, windows, self.settings.n_sink, self.settings.window_budget)
-        self.costs, self.bits, self.time_note = costs, None, None
+        self.costs, self.quality, self.bits, self.time_note = costs, quality, None, None
 
     def prompt_ended(self, n_tokens:int):
         "The prompt is `n_tokens` long: every layer's width, then its budget (once per prompt)."
         if self._budgets is not None: return
-        s = self.settings
+        s = replace(self.settings, quality=self._quality())
         self.bits, self._budgets, self.time_note = plan_in_time(n_tokens, self.fraction, self.windows,
                                                                 self._prices(), s)
         self.slot_bytes, self.reserve = prices(self.bits, self._budgets, s.group_size, s.scheme, s.slack)
@@ -252,11 +322,20 @@ class PlanCoordinator(PromptEndCoordinator):
             if hasattr(cache.store, "rebits"): cache.store.rebits(self.bits[i])        # float stores stay
             cache.adopt_budget(self._budgets[i])
 
+    def _head_dim(self)->int|None:
+        "The layers' head_dim, once a layer has stored keys (None before)."
+        dims = next((c.store.dims for c in self.layers.values() if getattr(c.store, "dims", None)), None)
+        return None if dims is None else dims[2]
+
     def _prices(self)->dict|None:
         "The attention prices: given, or measured for this device at the layers' head_dim (None: bytes alone)."
         if self.costs != "device": return self.costs
-        dims = next((c.store.dims for c in self.layers.values() if getattr(c.store, "dims", None)), None)
-        return None if dims is None else device_costs(dims[2])
+        return None if self._head_dim() is None else device_costs(self._head_dim())
+
+    def _quality(self)->dict|None:
+        "The rung table: given, or the one measured at the layers' head_dim (None: `LOSSLESS`)."
+        if self.quality != "measured": return self.quality
+        return None if self._head_dim() is None else rung_quality(self._head_dim())
 
     def reset(self):
         "Forget the prompt (and the widths it chose)."
@@ -275,17 +354,19 @@ class KVPlan(Schedule):
     max_evict:float = GLOBAL_EVICT # share of the global layers' tokens a rung may evict
     window_trim:int = WINDOW_TRIM # groups a rung may take from the windows to keep the global tokens
     costs:str|dict|None = "device" # attention prices: "device" (`device_costs`), a table, or None (bytes alone)
+    quality:str|dict|None = "measured" # rung table: "measured" (`rung_quality`), a table, or None (`LOSSLESS`)
     name:ClassVar[str] = "kv_plan"
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
         if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
         self.settings(4)                                   # every setting checked where it is given
+        _check_quality(self.quality)
     def settings(self, n_sink:int)->PlanSettings:
         "The planner's settings for layers that keep `n_sink` sinks."
         return PlanSettings(n_sink, self.kv_group_size, DEFAULT_SCHEME, self.ladder, self.window_budget, self.slack,
                             self.max_evict, self.window_trim)
     def plan(self, n_layers, avg_budget, n_sink, caps):
-        return PlanCoordinator(n_layers, self.fraction, caps, self.settings(n_sink), self.costs)
+        return PlanCoordinator(n_layers, self.fraction, caps, self.settings(n_sink), self.costs, self.quality)
 
 # %% ../nbs/04b_planner.ipynb #0fdfc248
 from .allocators import allocate_exact

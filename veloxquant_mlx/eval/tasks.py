@@ -16,7 +16,8 @@ from . import prompts as P, measure as M, batching as B
 # %% auto #0
 __all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'code_text', 'continuation_texts', 'KeyFamily', 'key_set',
            'config_row', 'key_answers', 'continuation_nll', 'every_task', 'task_table', 'markdown_task_table',
-           'plot_frontier', 'every_task_headline', 'default_rows_note', 'table_row', 'ppl_changes', 'hits']
+           'plot_frontier', 'every_task_headline', 'default_rows_note', 'table_row', 'ppl_changes', 'hits', 'rung_rows',
+           'rung_changes', 'measure_rung_quality']
 
 # %% ../../nbs/15_every_task.ipynb #74601d9d
 def code_text(n_chars:int, # roughly how many characters of source to return
@@ -307,3 +308,71 @@ def ppl_changes(line:dict, # a `task_table` line
 def hits(line:dict, task:str)->str: # a `task_table` line, a key task
     "How many of the task's prompts `line` answered, as '3 of 4'."
     return f"{line[task][0]} of {line[task][1]}"
+
+# %% ../../nbs/15_every_task.ipynb #dba75fdb
+from ..planner import LADDER, save_rung_table, load_rung_table
+from ..allocators import _check_int
+
+def rung_rows(ladder:tuple, # (windowed, global) bits
+             )->dict:
+    "A row per rung (`rungW-G`): the plan that keeps every prompt token at (windowed, global) bits, as the planner does."
+    from dataclasses import replace
+    from veloxquant_mlx.builder import coordinator_of
+    def row(rung):
+        def build(model):
+            caches = KVCacheBuilder.for_model(model, recommended_config(1.0))
+            co = coordinator_of(caches)
+            co.costs, co.quality = None, None                           # bytes alone, the bare ladder: one rung
+            co.settings = replace(co.settings, ladder=(rung,), max_evict=0.0)
+            return caches
+        return build
+    return {f"rung{w}-{g}": row((w, g)) for w, g in ladder}
+
+def rung_changes(res:dict, # results with `rungW-G` rows (`every_task`'s continuation part)
+                )->dict:
+    "(windowed, global) bits -> the worst perplexity change (%) against the full cache over the run's text kinds."
+    out = {}
+    for rows in res["continuation"].values():
+        for name, r in rows.items():
+            if not name.startswith("rung"): continue
+            rung = tuple(int(b) for b in name[4:].split("@")[0].split("-"))
+            out[rung] = max(out.get(rung, -math.inf), 100 * (_ppl(r) / _ppl(rows["full"]) - 1))
+    return out
+
+# %% ../../nbs/15_every_task.ipynb #1b500813
+def _cached_table(path, measured:dict)->dict|None:
+    "The rung table at `path` if it was measured with `measured` (model and settings); None if not, or unreadable."
+    try: saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError): return None
+    if not isinstance(saved, dict) or saved.get("settings", {}).get("measured") != measured: return None
+    try: return load_rung_table(path)
+    except ValueError: return None
+
+def measure_rung_quality(model, tokenizer,
+                         path=None, # a JSON file: read if measured with these settings, else measured and written
+                         ladder:tuple=LADDER + ((2, 2),), # the rungs to measure
+                         n_texts:int=2, # texts per kind
+                         context:int=1536, # tokens read before the 256 scored
+                         kinds:tuple=("prose", "code"), # continuation text kinds (`CONTINUATION`)
+                         about:str="", # what the model is: part of the cache's key, and recorded in the file
+                         log=print, # progress lines
+                        )->dict:
+    "This model's rung table for the planner: each rung's worst perplexity change (%), measured once, cached at `path`."
+    _check_int("n_texts", n_texts, 1)
+    _check_int("context", context, 16)
+    if not ladder or not kinds: raise ValueError(f"`ladder` and `kinds` must not be empty, got {ladder!r}, {kinds!r}")
+    measured = dict(model=about, ladder=[list(r) for r in ladder], n_texts=n_texts, context=context, kinds=list(kinds))
+    if path is not None and (table := _cached_table(path, measured)) is not None:
+        log(f"rung table: read from {path} (measured before, same model and settings)")
+        return table
+    rows, runs, t0 = rung_rows(ladder), dict(continuation={}), time.perf_counter()
+    todo = [(kind, seq) for kind in kinds for seq in continuation_texts(tokenizer, kind, n_texts, context)]
+    for j, (kind, seq) in enumerate(todo):
+        for name, r in continuation_nll(model, [seq], rows, context).items():
+            acc = runs["continuation"].setdefault(kind, {}).setdefault(name, dict(nll=0.0, tokens=0))
+            acc["nll"], acc["tokens"] = acc["nll"] + r["nll"], acc["tokens"] + r["tokens"]
+        log(f"rung table: [{'#' * (j + 1):<{len(todo)}}] {j + 1}/{len(todo)} texts ({kind}) "
+            f"[{time.perf_counter() - t0:.0f} s]")
+    table = {r: round(v, 3) for r, v in rung_changes(runs).items()}                 # as the file keeps it
+    if path is not None: save_rung_table(table, path, measured=measured)
+    return table
