@@ -288,10 +288,10 @@ def plan_in_time(n_tokens:int, # the prompt's length
 
 # %% ../nbs/04b_planner.ipynb #b0f92ee4
 def _check_quality(quality):
-    "A rung table's source: 'measured', None, or a table (its rungs checked by `PlanSettings`)."
+    "A rung table's source: 'measured', None, or a table (its rungs checked)."
     if not (quality is None or quality == "measured" or isinstance(quality, dict)):
         raise ValueError(f"`quality` must be 'measured', a dict or None, got {quality!r}")
-    if isinstance(quality, dict): PlanSettings(quality=quality)
+    if isinstance(quality, dict): _check_rung_table(quality)
 
 class PlanCoordinator(PromptEndCoordinator):
     "Sets every layer's bits and budget when the prompt ends, by `plan_in_time`."
@@ -300,7 +300,7 @@ class PlanCoordinator(PromptEndCoordinator):
                  windows:list, # per-layer sliding window (None for a global layer)
                  settings:PlanSettings|None=None, # how to spend the share (None: `PlanSettings()`)
                  costs:str|dict|None="device", # attention prices (`plan_in_time`): "device" measured, None bytes alone
-                 quality:str|dict|None="measured", # rung table: "measured" (`rung_quality`), a table, None (`LOSSLESS`)
+                 quality:str|dict|None="measured", # rung table: "measured" (`rung_quality`), a table, None (the bare ladder)
                 ):
         self.settings = settings or PlanSettings()
         _check_quality(quality)
@@ -333,7 +333,7 @@ class PlanCoordinator(PromptEndCoordinator):
         return None if self._head_dim() is None else device_costs(self._head_dim())
 
     def _quality(self)->dict|None:
-        "The rung table: given, or the one measured at the layers' head_dim (None: `LOSSLESS`)."
+        "The rung table: given, or the one measured at the layers' head_dim (None: the bare ladder)."
         if self.quality != "measured": return self.quality
         return None if self._head_dim() is None else rung_quality(self._head_dim())
 
@@ -354,7 +354,7 @@ class KVPlan(Schedule):
     max_evict:float = GLOBAL_EVICT # share of the global layers' tokens a rung may evict
     window_trim:int = WINDOW_TRIM # groups a rung may take from the windows to keep the global tokens
     costs:str|dict|None = "device" # attention prices: "device" (`device_costs`), a table, or None (bytes alone)
-    quality:str|dict|None = "measured" # rung table: "measured" (`rung_quality`), a table, or None (`LOSSLESS`)
+    quality:str|dict|None = "measured" # rung table: "measured" (`rung_quality`), a table, or None (the bare ladder)
     name:ClassVar[str] = "kv_plan"
     def __post_init__(self):
         _check_real("fraction", self.fraction, 0.0, 1.0)
