@@ -300,7 +300,7 @@ class PlanCoordinator(PromptEndCoordinator):
                  windows:list, # per-layer sliding window (None for a global layer)
                  settings:PlanSettings|None=None, # how to spend the share (None: `PlanSettings()`)
                  costs:str|dict|None="device", # attention prices (`plan_in_time`): "device" measured, None bytes alone
-                 quality:str|dict|None="measured", # rung table: "measured" (`rung_quality`), a table, None (the bare ladder)
+                 quality:str|dict|None="measured", # rung table: "measured" (`rung_quality`), a table, None: bare ladder
                 ):
         self.settings = settings or PlanSettings()
         _check_quality(quality)
