@@ -261,10 +261,11 @@ def _keep_order(idx, # [B, H, n]: the kept slots, ascending, n >= P
 # %% ../nbs/03a2_kivi_storage.ipynb #36adb6e9
 @patch
 def _fill_holes(self:KiviStorage, hole, src, # `[B, H, P]`: the holes a choice leaves, the residual slot filling each
-                groups:int|None=None): # key groups refilled per row (None: as many as there can be)
+                groups:int|None=None, # key groups refilled per row (None: as many as there can be)
+                holes:int|None=None): # at least the holes a row has (the tokens the choice drops; None: `r`)
     "The hole-local refill: the value rows of the `r` holes at most a choice leaves, and the key groups they touch."
     G, (B, H, P), r = self.group_size, hole.shape, self.kr.shape[2]
-    R = min(r, P)
+    R = min(r, P) if holes is None else min(r, P, holes)
     rank = mx.where(hole, 0, P) + mx.arange(P, dtype=mx.int32)                  # holes first, in slot order
     at = mx.argsort(rank, axis=-1)[:, :, :R].astype(mx.int32)                    # [B, H, R]: hole slots (and fill-ins)
     real = mx.take_along_axis(hole, at, axis=2)                                  # which of them are holes
@@ -308,8 +309,9 @@ def keep(self:KiviStorage, idx, count:int):
         return idx
     if r == 0: return idx                                                       # n == P == count: nothing moves
     hole, src, order = _keep_order(idx, P, count)
-    most = min(r, P // self.group_size, count - idx.shape[2])   # groups the holes can touch (a hole is a token dropped)
-    self._fill_holes_fast(hole, src, self._dirty_groups(hole) if most > 1 else 1)   # (a read: once per choice)
+    drop = count - idx.shape[2]                                  # the holes at most (a hole is a token dropped)
+    most = min(r, P // self.group_size, drop)                   # the key groups they can touch
+    self._fill_holes_fast(hole, src, self._dirty_groups(hole) if most > 1 else 1, drop)   # (a read: once per choice)
     rest = (idx[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(self.kr, rest, axis=2), mx.take_along_axis(self.vr, rest, axis=2)
     return order

@@ -11,8 +11,8 @@ from .measure import machine_info
 # %% auto #0
 __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'prompt_ids', 'prefill', 'staggered', 'generation_batch', 'decode_batch',
            'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
-           'batch_headline', 'batch_details', 'evict_ratios', 'ratios_against', 'round_spread', 'plot_results', 'main',
-           'profile_main', 'markdown_step_profile']
+           'batch_headline', 'batch_details', 'evict_ratios', 'ratios_against', 'round_spread', 'ceiling_sweep',
+           'ceiling_ratio', 'plot_results', 'main', 'profile_main', 'markdown_step_profile']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -305,6 +305,30 @@ def round_spread(*runs)->float: # runs of `run_sweep`
     return max((max(r["tok_s_rounds"]) / min(r["tok_s_rounds"]) - 1 for res in runs for run in res["runs"].values()
                 for k in ("full", "evict") for r in run.get(k, []) if len(r.get("tok_s_rounds", [])) > 1), default=0.0)
 
+# %% ../../nbs/13a_eval_batch_bench.ipynb #196f4179
+def ceiling_sweep(cfg:dict, # `model`, `batches`, `steps`, `warmup`, `rounds`; `ceiling_context`: the prompt (32)
+                  log=print)->dict:
+    "Tokens/s of B rows decoding over a prompt of a few tokens in mlx-lm's cache: what no cache could beat at B rows."
+    from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder
+    model, tok = load_bench_model(cfg["model"])
+    ids = prompt_ids(tok, cfg.get("ceiling_context", 32))
+    pre = KVCacheBuilder.for_model(model, KVCacheConfig.for_method("full"))
+    prefill(model, ids, pre, cfg["prefill_step"])
+    rows = []
+    for B in cfg["batches"]:
+        rows.append(combine([decode_batch(model, pre, ids[-1], B, cfg["steps"], cfg["warmup"])
+                             for _ in range(cfg["rounds"])]))
+        log(f"[ceiling] B={B:3}: {rows[-1]['tok_s']:7.2f} tok/s")
+    return dict(machine=machine_info(), settings=dict(cfg, ceiling_context=len(ids)), ceiling=rows)
+
+def ceiling_ratio(run:dict, # one prompt length of a `run_sweep` result (with `at_cap`)
+                  ceiling:dict)->float|None: # a `ceiling_sweep` result of the same model
+    "The ceiling's tokens/s at the evicting row's batch over the full cache's at the cap (None: that batch not measured)."
+    cap = run.get("at_cap", {})
+    B, full = cap.get("evict", {}).get("B"), cap.get("full", {}).get("tok_s")
+    got = [r["tok_s"] for r in ceiling["ceiling"] if r["B"] == B]
+    return got[0] / full if got and full else None
+
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300014
 def plot_results(res:dict, folder:str, prefix:str="batch_speed",
                  name:str|None=None): # the evicting row's name in the legend (None: its label)
@@ -346,12 +370,13 @@ def plot_results(res:dict, folder:str, prefix:str="batch_speed",
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300015
 def main(argv=None):
-    "Command line: `python scripts/bench_batch.py [--quick] [--out PATH] [--images DIR] [--set KEY=JSON]`."
+    "Command line: `python scripts/bench_batch.py [--quick] [--ceiling] [--out PATH] [--images DIR] [--set KEY=JSON]`."
     import argparse
     ap = argparse.ArgumentParser(description="batched decoding throughput: full cache vs eviction at a KV cap")
     ap.add_argument("--quick", action="store_true", help="short prompts, batches 1 and 4, a few steps")
     ap.add_argument("--out", default=None, help="write the JSON here (a .partial file while it runs)")
     ap.add_argument("--images", default=None, help="write batch_speed.png into this folder")
+    ap.add_argument("--ceiling", action="store_true", help="only `ceiling_sweep`: a few tokens' prompt, every batch")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help='override a setting, e.g. --set batches=[1,8] --set model=\\"tiny:gemma3\\"')
     a = ap.parse_args(argv)
@@ -361,6 +386,10 @@ def main(argv=None):
         if not a.out: return
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out if final else a.out + ".partial", "w") as f: json.dump(r, f, indent=1)
+    if a.ceiling:
+        res = ceiling_sweep(cfg, log=lambda *x: print(*x, file=sys.stderr, flush=True))
+        write(res, final=True)
+        return res
     res = run_sweep(cfg, log=lambda *x: print(*x, file=sys.stderr, flush=True), checkpoint=write)
     write(res, final=True)
     if a.out and os.path.exists(a.out + ".partial"): os.remove(a.out + ".partial")

@@ -8,12 +8,13 @@ import argparse, json, statistics, sys, time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordinator_of
-from ..cache import cache_arrays
+from ..cache import EvictingCache, cache_arrays
 
 # %% auto #0
-__all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'run_context',
-           'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table', 'speed_headline', 'plot_default_speed',
-           'op_profile', 'split_profile', 'split_decode', 'markdown_profile_table', 'markdown_costs_table', 'main']
+__all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'pipelined_steps',
+           'run_context', 'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table', 'speed_headline',
+           'plot_default_speed', 'op_profile', 'split_profile', 'split_decode', 'choice_profile', 'choice_costs',
+           'markdown_choice_profile', 'markdown_profile_table', 'markdown_costs_table', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -42,11 +43,29 @@ def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIX
 # %% ../../nbs/12d_eval_default_speed.ipynb #afa983ad
 def _sync(out, caches): mx.eval(out, [a for c in caches for a in cache_arrays(c)])
 
+def pipelined_steps(model, caches:list, y, # the per-layer caches, the last token `[1]`
+                    steps:int)->tuple: # tokens to decode
+    "Greedy decoding as mlx-lm's `generate_step` runs it (step n+1 built while step n computes): (seconds per token, last)."
+    step = lambda t: model(t[:, None], cache=caches)[:, -1].argmax(axis=-1)
+    y = step(y)
+    mx.async_eval(y)
+    times, t = [], time.perf_counter()
+    for _ in range(steps):
+        nxt = step(y)                                                  # built while `y` is being computed
+        mx.async_eval(nxt)
+        y.item()                                                       # the token reaches the host: one step done
+        now = time.perf_counter()
+        times.append(now - t)
+        t, y = now, nxt
+    y.item()
+    return times, y
+
 def run_context(model, ids:list, # the prompt's token ids
-                kinds:tuple=KINDS, steps:int=16, # decoding steps per kind
+                kinds:tuple=KINDS, steps:int=16, # decoding steps per kind, one at a time (each evaluated alone)
                 chunk:int=512, # prefill chunk (the command line's default)
-                log=None)->dict: # kind -> prefill seconds, decode step medians and samples
-    "Prefill and decode every kind over the same prompt, interleaved."
+                log=None,
+                blocks:int=3)->dict: # runs of 9 pipelined steps per kind, interleaved (the first of each not timed)
+    "Prefill and decode every kind over the same prompt, interleaved: step by step, then pipelined as mlx-lm decodes."
     caches, pre = {k: kind_caches(model, k) for k in kinds}, {k: 0.0 for k in kinds}
     toks = mx.array(ids)[None]
     for a in range(0, len(ids), chunk):
@@ -58,12 +77,19 @@ def run_context(model, ids:list, # the prompt's token ids
         for k in kinds:
             t = time.perf_counter(); _sync(model(one, cache=caches[k]), caches[k])
             if s >= 2: samples[k].append(time.perf_counter() - t)
+    last, pipe = {k: mx.array([ids[-1]]) for k in kinds}, {k: [] for k in kinds}
+    for _ in range(blocks):
+        for k in kinds:
+            times, last[k] = pipelined_steps(model, caches[k], last[k], 9)
+            pipe[k] += times[1:]                                      # the first fills the pipeline
     if log: log(f"  {len(ids)} tokens: " + ", ".join(f"{k} {1e3 * statistics.median(v):.0f} ms" for k, v in samples.items()))
     plan = lambda k: getattr(coordinator_of(caches[k]), "time_note", None) if "@" in k else None
     bits = lambda k: sorted({c.store.bits for c in caches[k] if hasattr(getattr(c, "store", None), "bits")})
+    ms = lambda v: [1e3 * x for x in v]
     return {k: dict(prefill_s=pre[k], step_ms=1e3 * statistics.median(samples[k]),
-                    mean_ms=1e3 * statistics.mean(samples[k]), samples_ms=[1e3 * x for x in samples[k]],
-                    bits=bits(k), note=plan(k)) for k in kinds}
+                    mean_ms=1e3 * statistics.mean(samples[k]), samples_ms=ms(samples[k]), bits=bits(k), note=plan(k),
+                    **(dict(pipe_ms=1e3 * statistics.median(pipe[k]), pipe_samples_ms=ms(pipe[k])) if blocks else {}))
+            for k in kinds}
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #de193b3e
 CONTEXTS = {"smollm2": (2048, 8100), "gemma3": (2048, 8192)}   # SmolLM2: within its 8,192 tokens
@@ -100,22 +126,24 @@ def load_runs(*paths)->dict:
 def _mean_ms(v:dict): return statistics.mean(v["samples_ms"]) if v.get("samples_ms") else None
 
 def speed_rows(res:dict)->list:
-    "(model, context, kind, step ms, speed vs full by medians and by means, prefill vs full) rows of a run."
+    "(model, context, kind, step ms, speed vs full: medians, means, as mlx-lm decodes; prefill vs full) rows of a run."
     rows = []
     for model, by_n in res.items():
         for n, kinds in by_n.items():
             full = kinds["full"]
             for k, v in kinds.items():
                 m, fm = _mean_ms(v), _mean_ms(full)
+                pipe = full["pipe_ms"] / v["pipe_ms"] if "pipe_ms" in v and "pipe_ms" in full else None
                 rows.append(dict(model=model, context=int(n), kind=k, step_ms=v["step_ms"],
                                  speed=full["step_ms"] / v["step_ms"], mean_speed=fm / m if m and fm else None,
-                                 prefill=v["prefill_s"] / full["prefill_s"]))
+                                 pipe_speed=pipe, prefill=v["prefill_s"] / full["prefill_s"]))
     return rows
 
 def _speed_cell(r:dict)->str:
-    "A step's median and speed, and the speed over every step (choices included) where the samples allow."
+    "A step's median and speed, the speed over every step (choices included) and as mlx-lm decodes, where measured."
     mean = f"; every step {r['mean_speed']:.2f}x" if r.get("mean_speed") else ""
-    return f"{r['step_ms']:.0f} ms ({r['speed']:.2f}x{mean})"
+    pipe = f"; pipelined {r['pipe_speed']:.2f}x" if r.get("pipe_speed") else ""
+    return f"{r['step_ms']:.0f} ms ({r['speed']:.2f}x{mean}{pipe})"
 
 def markdown_speed_table(res:dict, model:str)->str:
     "A markdown table of one model's step times and speeds, a column per context."
@@ -129,6 +157,11 @@ def markdown_speed_table(res:dict, model:str)->str:
 # %% ../../nbs/12d_eval_default_speed.ipynb #2ad8492f
 NAMES = {"smollm2": "SmolLM2-135M", "gemma3": "Gemma 3 270M"}
 
+def _also(r:dict, mean:str, pipe:str)->str: # formats for the mean speed and the pipelined speed
+    "The speeds over every step and as mlx-lm decodes, those measured, in brackets ('' when neither is)."
+    got = [f.format(r[k]) for k, f in (("mean_speed", mean), ("pipe_speed", pipe)) if r.get(k)]
+    return f" ({'; '.join(got)})" if got else ""
+
 def speed_headline(res:dict, # a run's `results`
                    kinds:tuple=("default@0.25", "default@0.125"), # the rows to describe
                    before:str="rewindow@0.25", # the row it replaced (the previous round's default)
@@ -139,7 +172,7 @@ def speed_headline(res:dict, # a run's `results`
         parts = []
         for n in sorted({r["context"] for r in rows if r["model"] == m}):
             cell = {r["kind"]: r for r in rows if r["model"] == m and r["context"] == n}
-            every = lambda r: f" ({r['mean_speed']:.2f}x over every step)" if r.get("mean_speed") else ""
+            every = lambda r: _also(r, "{:.2f}x over every step", "{:.2f}x as mlx-lm decodes")
             got = [f"{cell[k]['speed']:.2f}x{every(cell[k])} at {k.split('@')[1]}" for k in kinds if k in cell]
             was = (f" (before: {cell[before]['speed']:.2f}x{every(cell[before])} at {before.split('@')[1]})"
                    if before in cell else "")
@@ -150,18 +183,19 @@ def speed_headline(res:dict, # a run's `results`
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #6306978c
 def plot_default_speed(res:dict):
-    "Speed over every step (choices included) against the full cache's by context: a panel per model, a line per kind."
+    "Speed against the full cache's by context, as mlx-lm decodes where every row measured it (else over every step)."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows, models = speed_rows(res), list(res)
+    key = "pipe_speed" if all(r["pipe_speed"] for r in rows) else "mean_speed"
     fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 3.8), squeeze=False)  # shown unscaled
     for ax, m in zip(axes[0], models):
         for k in dict.fromkeys(r["kind"] for r in rows if r["model"] == m):
-            pts = sorted((r["context"], r["mean_speed"] or r["speed"]) for r in rows
-                         if r["model"] == m and r["kind"] == k)
+            pts = sorted((r["context"], r[key] or r["speed"]) for r in rows if r["model"] == m and r["kind"] == k)
             ax.plot(*zip(*pts), marker="o", label=k, linestyle="--" if k.startswith("bytes-plan") else "-")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set(xlabel="prompt tokens", ylabel="tokens/s / full cache's (every step)", title=NAMES.get(m, m))
+        how = "as mlx-lm decodes" if key == "pipe_speed" else "every step"
+        ax.set(xlabel="prompt tokens", ylabel=f"tokens/s / full cache's ({how})", title=NAMES.get(m, m))
         ax.set_xticks(sorted({r["context"] for r in rows if r["model"] == m}))
         ax.legend(fontsize=9)
     fig.tight_layout()
@@ -242,6 +276,59 @@ def split_decode(model_name:str="smollm2", n:int=2048, steps:int=24)->dict: # an
     return dict(model=model_name, tokens=n, steps=steps,
                 kinds={k: dict(median_ms=statistics.median(v), mean_ms=statistics.mean(v)) for k, v in samples.items()})
 
+# %% ../../nbs/12d_eval_default_speed.ipynb #bc4dac8c
+def choice_profile(model, ids:list, # a loaded model and the prompt's token ids
+                   kind:str="default@0.25", steps:int=32)->dict: # a `kind_caches` kind; decoding steps
+    "Median ms of a layer's decoding step, Python and evaluation apart: steps that chose, the others, mlx-lm's cache."
+    from mlx_lm.models.base import scaled_dot_product_attention
+    caches, toks = {k: kind_caches(model, k) for k in ("full", kind)}, mx.array(ids)[None]
+    for a in range(0, len(ids), 512):
+        for c in caches.values(): _sync(model(toks[:, a:a + 512], cache=c), c)
+    for c in caches.values(): _sync(model(mx.array([[ids[-1]]]), cache=c), c)
+    a = model.args
+    D = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
+    q = mx.random.normal((1, a.num_attention_heads, 1, D), key=mx.random.key(0))
+    k = mx.random.normal((1, a.num_key_value_heads, 1, D), key=mx.random.key(1))
+    chose, select = set(), EvictingCache._select
+    def spy(self, *args, **kw):
+        chose.add(id(self)); return select(self, *args, **kw)
+    got = {g: ([], []) for g in ("chose", "other", "full")}
+    EvictingCache._select = spy
+    try:
+        for _ in range(steps):
+            for name, cs in caches.items():
+                for c in cs:
+                    chose.discard(id(c))
+                    t0 = time.perf_counter()
+                    kk, vv = c.update_and_fetch(k, k)
+                    out = (scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask=None) if name == "full"
+                           else c.attention(q, kk, vv, scale=D ** -0.5))
+                    t1 = time.perf_counter()
+                    mx.eval(out, cache_arrays(c))
+                    g = "full" if name == "full" else "chose" if id(c) in chose else "other"
+                    got[g][0].append(1e3 * (t1 - t0)); got[g][1].append(1e3 * (time.perf_counter() - t1))
+    finally: EvictingCache._select = select
+    med = lambda v: statistics.median(v) if v else None
+    return dict(kind=kind, tokens=len(ids), steps=steps, layers=len(caches[kind]),
+                **{g: dict(n=len(b), python_ms=med(b), eval_ms=med(e)) for g, (b, e) in got.items()})
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #9d47bdfc
+def choice_costs(prof:dict)->dict: # a `choice_profile` result
+    "Per decoding step of the whole model: the layers' choices, and what they add over the same layers not choosing (ms)."
+    per_step = prof["chose"]["n"] / prof["steps"]
+    extra = lambda f: per_step * (prof["chose"][f] - prof["other"][f])
+    return dict(choices=per_step, python_ms=extra("python_ms"), eval_ms=extra("eval_ms"))
+
+def markdown_choice_profile(profiles:list)->str: # `choice_profile` results, each with its `model`
+    "A Markdown table: per model, a layer-step's median ms (Python, evaluation) for mlx-lm's cache, between choices, at one."
+    head = ("| model, tokens, kind | mlx-lm's cache | between choices | at a choice | choices per step | "
+            "what they add per step |\n|---|---:|---:|---:|---:|---:|")
+    ms = lambda g: f"{g['python_ms']:.2f} + {g['eval_ms']:.2f}"
+    line = lambda p, c: (f"| {NAMES.get(p['model'], p['model'])}, {p['tokens']:,}, {p['kind']} | {ms(p['full'])} | "
+                         f"{ms(p['other'])} | {ms(p['chose'])} | {c['choices']:.2f} | "
+                         f"{c['python_ms']:.1f} + {c['eval_ms']:.1f} |")
+    return "\n".join([head] + [line(p, choice_costs(p)) for p in profiles])
+
 # %% ../../nbs/12d_eval_default_speed.ipynb #afff4c19
 def markdown_profile_table(profile:list)->str:
     "`op_profile`'s rows as a Markdown table: ms per layer and decoding step."
@@ -276,6 +363,7 @@ def main(argv=None):
     ap.add_argument("--models", default=None, help="comma-separated embedded models (default: both)")
     ap.add_argument("--profile", action="store_true", help="only the per-operation profile (`op_profile`)")
     ap.add_argument("--split", action="store_true", help="only the two-stream products (`split_profile`, `split_decode`)")
+    ap.add_argument("--choices", action="store_true", help="only `choice_profile` of the default at 0.25, 2,048 tokens")
     ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
     ap.add_argument("--long-kinds", default=None, help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
     ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 24: three choices)")
@@ -290,6 +378,15 @@ def main(argv=None):
     if a.split:
         json.dump(dict(products=split_profile(), decode=split_decode(), device=str(mx.default_device()),
                        seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
+        return
+    if a.choices:
+        from veloxquant_mlx.models import load_embedded_model, prose_text
+        out = []
+        for m in (a.models or "smollm2,gemma3").split(","):
+            model, tok = load_embedded_model(m, progress=False)
+            out.append(dict(model=m, **choice_profile(model, tok.encode(prose_text(12288))[:2048])))
+        json.dump(dict(profiles=out, device=str(mx.default_device()), seconds=round(time.time() - t0)),
+                  open(a.out, "w"), indent=1)
         return
     if a.profile:
         json.dump(dict(profile=op_profile(), device=str(mx.default_device()), seconds=round(time.time() - t0)),
