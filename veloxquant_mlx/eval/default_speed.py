@@ -45,7 +45,7 @@ def _sync(out, caches): mx.eval(out, [a for c in caches for a in cache_arrays(c)
 
 def pipelined_steps(model, caches:list, y, # the per-layer caches, the last token `[1]`
                     steps:int)->tuple: # tokens to decode
-    "Greedy decoding as mlx-lm's `generate_step` runs it (step n+1 built while step n computes): (seconds per token, last)."
+    "Greedy decoding pipelined as mlx-lm's `generate_step` is (step n+1 built while step n computes): (s per token, last)."
     step = lambda t: model(t[:, None], cache=caches)[:, -1].argmax(axis=-1)
     y = step(y)
     mx.async_eval(y)
@@ -123,17 +123,18 @@ def load_runs(*paths)->dict:
     return dict(results={m: r for run in runs for m, r in run["results"].items()},
                 settings=[run["settings"] for run in runs])
 
-def _mean_ms(v:dict): return statistics.mean(v["samples_ms"]) if v.get("samples_ms") else None
+def _mean_ms(v:dict, key:str="samples_ms"): return statistics.mean(v[key]) if v.get(key) else None
 
 def speed_rows(res:dict)->list:
-    "(model, context, kind, step ms, speed vs full: medians, means, as mlx-lm decodes; prefill vs full) rows of a run."
+    "(model, context, kind, step ms, speed vs full: medians, means, means as mlx-lm decodes; prefill vs full) rows."
     rows = []
     for model, by_n in res.items():
         for n, kinds in by_n.items():
             full = kinds["full"]
             for k, v in kinds.items():
                 m, fm = _mean_ms(v), _mean_ms(full)
-                pipe = full["pipe_ms"] / v["pipe_ms"] if "pipe_ms" in v and "pipe_ms" in full else None
+                p, fp = _mean_ms(v, "pipe_samples_ms"), _mean_ms(full, "pipe_samples_ms")
+                pipe = fp / p if p and fp else None                    # over every pipelined step, choices included
                 rows.append(dict(model=model, context=int(n), kind=k, step_ms=v["step_ms"],
                                  speed=full["step_ms"] / v["step_ms"], mean_speed=fm / m if m and fm else None,
                                  pipe_speed=pipe, prefill=v["prefill_s"] / full["prefill_s"]))
@@ -183,7 +184,7 @@ def speed_headline(res:dict, # a run's `results`
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #6306978c
 def plot_default_speed(res:dict):
-    "Speed against the full cache's by context, as mlx-lm decodes where every row measured it (else over every step)."
+    "Speed over every step against the full cache's by context: pipelined as mlx-lm decodes if every row has it, else not."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows, models = speed_rows(res), list(res)
@@ -287,20 +288,22 @@ def choice_profile(model, ids:list, # a loaded model and the prompt's token ids
     for c in caches.values(): _sync(model(mx.array([[ids[-1]]]), cache=c), c)
     a = model.args
     D = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
-    q = mx.random.normal((1, a.num_attention_heads, 1, D), key=mx.random.key(0))
-    k = mx.random.normal((1, a.num_key_value_heads, 1, D), key=mx.random.key(1))
+    one = lambda h, s: mx.random.normal((1, h, 1, D), key=mx.random.key(s))   # a new token each step (h heads)
     chose, select = set(), EvictingCache._select
     def spy(self, *args, **kw):
         chose.add(id(self)); return select(self, *args, **kw)
     got = {g: ([], []) for g in ("chose", "other", "full")}
     EvictingCache._select = spy
     try:
-        for _ in range(steps):
+        for s in range(steps):
+            q, k, v = one(a.num_attention_heads, 3 * s), one(a.num_key_value_heads, 3 * s + 1), \
+                one(a.num_key_value_heads, 3 * s + 2)
+            mx.eval(q, k, v)
             for name, cs in caches.items():
                 for c in cs:
                     chose.discard(id(c))
                     t0 = time.perf_counter()
-                    kk, vv = c.update_and_fetch(k, k)
+                    kk, vv = c.update_and_fetch(k, v)
                     out = (scaled_dot_product_attention(q, kk, vv, cache=c, scale=D ** -0.5, mask=None) if name == "full"
                            else c.attention(q, kk, vv, scale=D ** -0.5))
                     t1 = time.perf_counter()
