@@ -263,7 +263,7 @@ def _keep_order(idx, # [B, H, n]: the kept slots, ascending, n >= P
 def _fill_holes(self:KiviStorage, hole, src, # `[B, H, P]`: the holes a choice leaves, the residual slot filling each
                 groups:int|None=None, # key groups refilled per row (None: as many as there can be)
                 holes:int|None=None): # at least the holes a row has (the tokens the choice drops; None: `r`)
-    "The hole-local refill: the value rows of the `r` holes at most a choice leaves, and the key groups they touch."
+    "The hole-local refill: the value rows of a choice's holes (`holes` at most) and the key groups they touch."
     G, (B, H, P), r = self.group_size, hole.shape, self.kr.shape[2]
     R = min(r, P) if holes is None else min(r, P, holes)
     rank = mx.where(hole, 0, P) + mx.arange(P, dtype=mx.int32)                  # holes first, in slot order

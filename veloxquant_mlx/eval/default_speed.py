@@ -43,6 +43,15 @@ def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIX
 # %% ../../nbs/12d_eval_default_speed.ipynb #afa983ad
 def _sync(out, caches): mx.eval(out, [a for c in caches for a in cache_arrays(c)])
 
+def _read_prompt(model, ids:list, caches:dict, chunk:int=512)->dict: # kind -> per-layer caches
+    "Every kind reads the prompt chunk by chunk, the kinds in turn (each chunk evaluated with its caches): kind -> seconds."
+    toks, took = mx.array(ids)[None], {k: 0.0 for k in caches}
+    for a in range(0, len(ids), chunk):
+        for k, c in caches.items():
+            t = time.perf_counter(); _sync(model(toks[:, a:a + chunk], cache=c), c)
+            took[k] += time.perf_counter() - t
+    return took
+
 def pipelined_steps(model, caches:list, y, # the per-layer caches, the last token `[1]`
                     steps:int)->tuple: # tokens to decode
     "Greedy decoding pipelined as mlx-lm's `generate_step` is (step n+1 built while step n computes): (s per token, last)."
@@ -66,12 +75,8 @@ def run_context(model, ids:list, # the prompt's token ids
                 log=None,
                 blocks:int=3)->dict: # runs of 9 pipelined steps per kind, interleaved (the first of each not timed)
     "Prefill and decode every kind over the same prompt, interleaved: step by step, then pipelined as mlx-lm decodes."
-    caches, pre = {k: kind_caches(model, k) for k in kinds}, {k: 0.0 for k in kinds}
-    toks = mx.array(ids)[None]
-    for a in range(0, len(ids), chunk):
-        for k in kinds:
-            t = time.perf_counter(); _sync(model(toks[:, a:a + chunk], cache=caches[k]), caches[k])
-            pre[k] += time.perf_counter() - t
+    caches = {k: kind_caches(model, k) for k in kinds}
+    pre = _read_prompt(model, ids, caches, chunk)
     one, samples = mx.array([[ids[-1]]]), {k: [] for k in kinds}
     for s in range(steps + 2):                                        # the first steps end the prompt and warm up
         for k in kinds:
@@ -265,9 +270,8 @@ def split_decode(model_name:str="smollm2", n:int=2048, steps:int=24)->dict: # an
     parts = {"full": None, "default@0.25, one part": None, "default@0.25, two parts": (2, 1 << 19)}
     caches, keep = {k: kind_caches(model, k.split(",")[0]) for k in parts}, dict(sb.PACKED_SPLIT)
     try:
-        toks, samples = mx.array(ids)[None], {k: [] for k in parts}
-        for a in range(0, n, 512):
-            for k in parts: _sync(model(toks[:, a:a + 512], cache=caches[k]), caches[k])
+        _read_prompt(model, ids, caches)
+        samples = {k: [] for k in parts}
         for s in range(steps + 2):
             for k, split in parts.items():
                 sb.PACKED_SPLIT["cpu"] = split
@@ -282,9 +286,8 @@ def choice_profile(model, ids:list, # a loaded model and the prompt's token ids
                    kind:str="default@0.25", steps:int=32)->dict: # a `kind_caches` kind; decoding steps
     "Median ms of a layer's decoding step, Python and evaluation apart: steps that chose, the others, mlx-lm's cache."
     from mlx_lm.models.base import scaled_dot_product_attention
-    caches, toks = {k: kind_caches(model, k) for k in ("full", kind)}, mx.array(ids)[None]
-    for a in range(0, len(ids), 512):
-        for c in caches.values(): _sync(model(toks[:, a:a + 512], cache=c), c)
+    caches = {k: kind_caches(model, k) for k in ("full", kind)}
+    _read_prompt(model, ids, caches)
     for c in caches.values(): _sync(model(mx.array([[ids[-1]]]), cache=c), c)
     a = model.args
     D = getattr(a, "head_dim", None) or a.hidden_size // a.num_attention_heads
