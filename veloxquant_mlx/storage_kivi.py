@@ -18,6 +18,7 @@ __all__ = ['KiviStorage']
 class KiviStorage(QuantizedStorage):
     "KIVI: keys per channel in groups of tokens, values per token, the newest tokens in full precision."
     scheme = "kivi"
+    compiled = False # a choice's refill as one compiled graph (`_compiled`; off: see there for what it costs)
     rotate = False # values through an orthonormal Hadamard transform before they are quantized (undone on the way out)
 
 # %% ../nbs/03a2_kivi_storage.ipynb #8bfe66f5
@@ -231,7 +232,7 @@ def replace(self:KiviStorage, victim, keys, values):
     in_q = victim < P                                                           # [B, H]
     order = _replace_order(victim, P, r)
     fk, fv = mx.concatenate([self.kr, keys], axis=2), mx.concatenate([self.vr, values], axis=2)
-    self._fill_one_fast(victim, in_q, fk[:, :, :1], fv[:, :, :1])
+    (self._fill_one_fast if self.compiled else self._fill_one)(victim, in_q, fk[:, :, :1], fv[:, :, :1])
     rel = (order[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(fk, rel, axis=2), mx.take_along_axis(fv, rel, axis=2)
     return order
@@ -311,7 +312,8 @@ def keep(self:KiviStorage, idx, count:int):
     hole, src, order = _keep_order(idx, P, count)
     drop = count - idx.shape[2]                                  # the holes at most (a hole is a token dropped)
     most = min(r, P // self.group_size, drop)                   # the key groups they can touch
-    self._fill_holes_fast(hole, src, self._dirty_groups(hole) if most > 1 else 1, drop)   # (a read: once per choice)
+    refill = self._fill_holes_fast if self.compiled else self._fill_holes
+    refill(hole, src, self._dirty_groups(hole) if most > 1 else 1, drop)   # (a read: once per choice)
     rest = (idx[:, :, P:] - P)[..., None]
     self.kr, self.vr = mx.take_along_axis(self.kr, rest, axis=2), mx.take_along_axis(self.vr, rest, axis=2)
     return order

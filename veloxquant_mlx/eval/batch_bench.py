@@ -12,7 +12,7 @@ from .measure import machine_info
 __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'prompt_ids', 'prefill', 'staggered', 'generation_batch', 'decode_batch',
            'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
            'batch_headline', 'batch_details', 'evict_ratios', 'ratios_against', 'round_spread', 'ceiling_sweep',
-           'ceiling_ratio', 'plot_results', 'main', 'profile_main', 'markdown_step_profile']
+           'ceiling_ratio', 'ceiling_at_fit', 'plot_results', 'main', 'profile_main', 'markdown_step_profile']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -88,7 +88,8 @@ def decode_batch(model, caches:list, last:int, # a prefilled one-sequence cache 
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #4c3773b9
 PROFILED = {"cache": ("_window_mass", "_select", "_settle"),         # module -> the members `profile_steps` times
-            "storage_kivi": ("query_mass", "logits", "mix", "keep", "_fill_holes_fast", "settle")}
+            "storage_kivi": ("query_mass", "logits", "mix", "keep", "_fill_holes", "_fill_holes_fast",
+                             "settle")}
 _HELD = ("_scores", "positions", "kp", "vp", "kr", "vr")    # what a piece may leave lazy in its layer or storage
 
 def _arrays(r)->list:
@@ -329,6 +330,16 @@ def ceiling_ratio(run:dict, # one prompt length of a `run_sweep` result (with `a
     got = [r["tok_s"] for r in ceiling["ceiling"] if r["B"] == B]
     return got[0] / full if got and full else None
 
+def ceiling_at_fit(run:dict, # one prompt length of a `run_sweep` result (with `at_cap`)
+                   ceiling:dict)->tuple|None: # a `ceiling_sweep` result of the same model
+    "(B, ratio) at the most rows the ceiling measured that the evicting row fits under the cap (None: none measured)."
+    cap = run.get("at_cap", {})
+    fit, full = cap.get("evict", {}).get("largest_fit"), cap.get("full", {}).get("tok_s")
+    got = [r for r in ceiling["ceiling"] if fit is not None and r["B"] <= fit]
+    if not got or not full: return None
+    top = max(got, key=lambda r: r["B"])
+    return top["B"], top["tok_s"] / full
+
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300014
 def plot_results(res:dict, folder:str, prefix:str="batch_speed",
                  name:str|None=None): # the evicting row's name in the legend (None: its label)
@@ -427,7 +438,7 @@ def markdown_step_profile(runs:dict)->str: # name -> a `profile_main` result
     "A markdown table: per run, the median step without and with a choice, and the pieces of a choice step (ms)."
     import statistics
     keys = ("EvictingCache._window_mass", "KiviStorage.query_mass", "KiviStorage.logits", "EvictingCache._select",
-            "KiviStorage.keep", "KiviStorage._fill_holes_fast")
+            "KiviStorage.keep", "KiviStorage._fill_holes")
     lines = ["| model, rows, tokens | step | choice step | " + " | ".join(f"`{k.split('.')[1]}`" for k in keys) + " |",
              "|---|---:|---:|" + "---:|" * len(keys)]
     for name, r in runs.items():
@@ -436,7 +447,8 @@ def markdown_step_profile(runs:dict)->str: # name -> a `profile_main` result
         choice = [s for s in st if "EvictingCache._select" in s["pieces"]]
         if not plain or not choice: continue
         c = max(choice, key=lambda s: s["ms"])
-        cell = lambda k: f"{c['pieces'][k]['ms']:,.0f}" if k in c["pieces"] else "-"
+        piece = lambda k: c["pieces"].get(k) or c["pieces"].get(k + "_fast")   # (runs from when refills compiled)
+        cell = lambda k: "-" if piece(k) is None else f"{piece(k)['ms']:,.0f}"
         a = r["settings"]
         lines.append(f"| {name}, {a['rows']}, {a['length']:,} | {statistics.median(plain):,.0f} | {c['ms']:,.0f} | "
                      + " | ".join(cell(k) for k in keys) + " |")
