@@ -13,8 +13,9 @@ from ..cache import EvictingCache, cache_arrays
 # %% auto #0
 __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'pipelined_steps',
            'run_context', 'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table', 'speed_headline',
-           'plot_default_speed', 'op_profile', 'split_profile', 'split_decode', 'choice_profile', 'choice_costs',
-           'markdown_choice_profile', 'markdown_profile_table', 'markdown_costs_table', 'main']
+           'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile', 'split_decode', 'choice_profile',
+           'choice_costs', 'markdown_choice_profile', 'markdown_profile_table', 'markdown_costs_table', 'command_stats',
+           'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -29,7 +30,12 @@ SHARE_KINDS = {  # a kind `name@share` is `recommended_config(share, **SHARE_KIN
 FIXED_KINDS = {"kivi4": KVCacheConfig("full", kv_bits=4), "mlx-q4": KVCacheConfig("full", kv_bits=4, kv_scheme="mlx")}
 
 def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIXED_KINDS`, `dwN` at a share)
-    "The per-layer caches of a benchmark kind."
+    "The per-layer caches of a benchmark kind (`kind+compiled`: its KIVI refills compiled, `KiviStorage.compiled`)."
+    if kind.endswith("+compiled"):
+        caches = kind_caches(model, kind[:-len("+compiled")])
+        for c in caches:
+            if hasattr(getattr(c, "store", None), "compiled"): c.store.compiled = True
+        return caches
     if kind == "full": return make_prompt_cache(model)
     if kind in FIXED_KINDS: return KVCacheBuilder.for_model(model, FIXED_KINDS[kind])
     name, _, share = kind.partition("@")
@@ -123,10 +129,14 @@ def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #7b03f138
 def load_runs(*paths)->dict:
-    "The `results` of several runs (one per model, say) as one dict, with the settings of each."
-    runs = [json.load(open(p)) for p in paths]
-    return dict(results={m: r for run in runs for m, r in run["results"].items()},
-                settings=[run["settings"] for run in runs])
+    "The `results` of several runs (one per model, or more contexts of one) as one dict, with the settings of each."
+    runs, results = [json.load(open(p)) for p in paths], {}
+    for p, run in zip(paths, runs):
+        for m, by_n in run["results"].items():
+            twice = sorted(set(by_n) & set(results.get(m, {})), key=int)
+            if twice: raise ValueError(f"{p} measures {m} at {twice} tokens again: one run per model and context")
+            results[m] = dict(sorted({**results.get(m, {}), **by_n}.items(), key=lambda kv: int(kv[0])))
+    return dict(results=results, settings=[run["settings"] for run in runs])
 
 def _mean_ms(v:dict, key:str="samples_ms"): return statistics.mean(v[key]) if v.get(key) else None
 
@@ -206,6 +216,14 @@ def plot_default_speed(res:dict):
         ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #a8075bf2
+def plot_runs(paths:list, # result files (`load_runs`: one model's contexts may come from several)
+              kinds:tuple|None=None): # the kinds to draw (None: all)
+    "`plot_default_speed` over several runs' results, only `kinds`."
+    res = load_runs(*paths)["results"]
+    keep = lambda ks: {k: v for k, v in ks.items() if kinds is None or k in kinds or k == "full"}
+    return plot_default_speed({m: {n: keep(ks) for n, ks in by_n.items()} for m, by_n in res.items()})
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #2f388481
 def op_profile(lengths:tuple=(2048, 8192), shapes:tuple=((3, 3, 64), (1, 4, 256)), reps:int=10)->list:
@@ -359,6 +377,68 @@ def markdown_costs_table(by_head_dim:dict)->str:
                                                    for h in hds) + " |"
     return "\n".join([head] + [line(w) for w in widths])
 
+# %% ../../nbs/12d_eval_default_speed.ipynb #39255c04
+import os, re, subprocess, tempfile
+from pathlib import Path
+
+_COLD = ("import sys\nfrom veloxquant_mlx.storage_kivi import KiviStorage\n"
+         "KiviStorage.compiled = sys.argv.pop(1) == '1'\nfrom veloxquant_mlx.cli import main\nsys.exit(main())")
+_STATS = re.compile(r"prefill ([\d.]+) tok/s, decode ([\d.]+) tok/s, peak memory [\d.]+ MiB, wall ([\d.]+) s")
+
+def command_stats(text:str)->dict:
+    "Prefill and decode tokens/s and wall seconds from the report `veloxquant generate` prints."
+    m = _STATS.search(text)
+    if m is None: raise ValueError("no 'prefill ... tok/s, decode ... tok/s, ..., wall ... s' line in the output")
+    return dict(prefill_tok_s=float(m[1]), decode_tok_s=float(m[2]), wall_s=float(m[3]))
+
+def _cli(args:list, compiled:bool, tmp:str, stdin:str|None=None)->str:
+    "`veloxquant ARGS` as a new process with `TMPDIR=tmp`, the refills compiled or not: what it printed."
+    p = subprocess.run([sys.executable, "-c", _COLD, "1" if compiled else "0", *args], input=stdin, text=True,
+                       capture_output=True, env=dict(os.environ, TMPDIR=tmp), timeout=1800)
+    if p.returncode: raise RuntimeError(f"`veloxquant {' '.join(args)}` failed: {p.stderr[-2000:]}")
+    return p.stdout + p.stderr
+
+def cold_start(models:tuple=("gemma3", "smollm2"), tokens:int=2000, fraction:float=0.125, log=print)->list:
+    "The main command per model, refills compiled and plain, cold (empty kernel cache) then warm: a row per run."
+    rows = []
+    for m in models:
+        prompt = _cli(["passkey", "--tokens", str(tokens), "--model", m], False, tempfile.gettempdir())
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            for start in ("cold", "warm"):
+                for compiled, tmp in ((True, a), (False, b)):
+                    built, t0 = len(list(Path(tmp).rglob("*.so"))), time.perf_counter()
+                    out = _cli(["generate", "--model", m, "--kv-fraction", str(fraction)], compiled, tmp, prompt)
+                    rows.append(dict(model=m, compiled=compiled, start=start, process_s=time.perf_counter() - t0,
+                                     kernels=len(list(Path(tmp).rglob("*.so"))) - built, **command_stats(out)))
+                    log(f"{m} {start} compiled={compiled}: {rows[-1]}")
+    return rows
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #b1364c29
+def markdown_cold_start(rows:list)->str: # `cold_start`'s rows
+    "One line per model: the main command cold and warm, refills compiled and plain (wall s, decode tok/s, kernels)."
+    lines = []
+    for m in dict.fromkeys(r["model"] for r in rows):
+        at = {(r["start"], r["compiled"]): r for r in rows if r["model"] == m}
+        built = lambda k: f"{k} kernel{'' if k == 1 else 's'} built"
+        cell = lambda r: f"{r['wall_s']:.1f} s (decode {r['decode_tok_s']:.1f} tok/s, {built(r['kernels'])})"
+        parts = [f"{s}: compiled {cell(at[s, True])}, plain {cell(at[s, False])}" for s in ("cold", "warm")
+                 if (s, True) in at and (s, False) in at]
+        lines.append(f"- **{NAMES.get(m, m)}**: " + "; ".join(parts))
+    return "\n".join(lines)
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #986594ab
+def parse_contexts(spec:str)->dict: # "model=n,n;model=n"
+    "Prompt lengths per embedded model from `--contexts` (each length at least 2 tokens)."
+    out = {}
+    for part in filter(None, spec.split(";")):
+        m, _, ns = part.partition("=")
+        if m not in CONTEXTS: raise ValueError(f"`--contexts` names model {m!r}; the models are {sorted(CONTEXTS)}")
+        try: lengths = tuple(int(n) for n in ns.split(","))
+        except ValueError: raise ValueError(f"`--contexts` lengths for {m} must be integers, got {ns!r}") from None
+        if not lengths or min(lengths) < 2: raise ValueError(f"`--contexts` lengths for {m} must be >= 2, got {ns!r}")
+        out[m] = lengths
+    return out
+
 # %% ../../nbs/12d_eval_default_speed.ipynb #9be7a9d5
 def main(argv=None):
     "`python scripts/bench_default_speed.py [--quick] [--out nbs/results/default_speed.json] [--image PATH]`."
@@ -373,16 +453,28 @@ def main(argv=None):
     ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
     ap.add_argument("--long-kinds", default=None, help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
     ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 24: three choices)")
+    ap.add_argument("--plot", default=None, help="comma-separated result files: only their figure (`plot_runs`, --image)")
+    ap.add_argument("--cold", action="store_true", help="only `cold_start`: the main command, compiled refills or not")
+    ap.add_argument("--contexts", default=None, help="prompt lengths per model, e.g. 'gemma3=4096,16384;smollm2=4096'")
     a = ap.parse_args(argv)
     cfg = dict(QUICK, long_kinds=None) if a.quick else dict(contexts=dict(CONTEXTS), steps=24, kinds=KINDS,
                                                         long_kinds=LONG_KINDS)
     if a.models: cfg["contexts"] = {m: CONTEXTS[m] for m in a.models.split(",")}
+    if a.contexts: cfg["contexts"] = parse_contexts(a.contexts)
     if a.kinds: cfg["kinds"] = tuple(a.kinds.split(","))
     if a.long_kinds: cfg["long_kinds"] = tuple(a.long_kinds.split(","))
     if a.steps: cfg["steps"] = a.steps
     t0 = time.time()
     if a.split:
         json.dump(dict(products=split_profile(), decode=split_decode(), device=str(mx.default_device()),
+                       seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
+        return
+    if a.plot:
+        plot_runs(a.plot.split(","), cfg["kinds"] if a.kinds else None).savefig(a.image or "default_speed.png", dpi=100)
+        return
+    if a.cold:
+        models = tuple((a.models or "gemma3,smollm2").split(","))
+        json.dump(dict(cold=cold_start(models, log=lambda s: print(s, file=sys.stderr)), device=str(mx.default_device()),
                        seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
         return
     if a.choices:
