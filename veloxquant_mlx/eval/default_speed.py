@@ -213,7 +213,9 @@ def plot_default_speed(res:dict):
         how = "as mlx-lm decodes" if key == "pipe_speed" else "every step"
         ax.set(xlabel="prompt tokens", ylabel=f"tokens/s / full cache's ({how})", title=NAMES.get(m, m))
         ax.set_xticks(sorted({r["context"] for r in rows if r["model"] == m}))
-        ax.legend(fontsize=9)
+        lo, hi, n = *ax.get_ylim(), len(ax.get_lines()) - 1               # (the line at 1 is no kind)
+        ax.set_ylim(lo, hi + (0.1 + 0.1 * -(-n // 2)) * (hi - lo))       # room above the lines for the legend
+        ax.legend(fontsize=9, loc="upper left", ncol=2)
     fig.tight_layout()
     return fig
 
