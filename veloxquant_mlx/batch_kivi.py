@@ -93,7 +93,7 @@ def kivi_stack(stores:list, # the rows' KIVI storages (batch size 1 each, `kivi_
     _, H, D, Dv = s0.dims
     Pc, Rc = max(s.P for s in stores), min(G, max(s.kr.shape[2] for s in stores) + _RES_STEP)
     fmt = KiviStorage(bits, G)
-    fmt.rotate, fmt.dtype, fmt._dims = s0.rotate, s0.dtype, (len(stores), H, D, Dv)
+    fmt.rotate, fmt.compiled, fmt.dtype, fmt._dims = s0.rotate, s0.compiled, s0.dtype, (len(stores), H, D, Dv)
     kps, vps = zip(*((s.kp, s.vp) if s.P else _empty_prefix(s) for s in stores))
     pad_k = lambda i, s: (Pc - s.P) * bits // 32 if i == 0 else (Pc - s.P) // G
     kp = tuple(mx.concatenate([_pad_axis(k[i], 3, pad_k(i, s)) for k, s in zip(kps, stores)]) for i in range(3))
@@ -246,7 +246,7 @@ def kivi_group(rows:KiviRows, idx:list, # rows with the same prefix and residual
     if any(rows.P[b] != P or rows.R[b] != R for b in idx): raise ValueError(f"rows {idx} differ in layout")
     ia = mx.array(idx, mx.int32)
     s = KiviStorage(bits, G)
-    s.rotate, s.dtype, s.repacks = rows.fmt.rotate, rows.fmt.dtype, rows.repacks[idx[0]]
+    s.rotate, s.compiled, s.dtype, s.repacks = rows.fmt.rotate, rows.fmt.compiled, rows.fmt.dtype, rows.repacks[idx[0]]
     s._dims = (len(idx), *rows.fmt.dims[1:])
     if P:
         s.kp = (rows.kp[0][ia][..., :P * bits // 32], rows.kp[1][ia][..., :P // G], rows.kp[2][ia][..., :P // G])

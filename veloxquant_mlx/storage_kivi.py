@@ -18,7 +18,7 @@ __all__ = ['KiviStorage']
 class KiviStorage(QuantizedStorage):
     "KIVI: keys per channel in groups of tokens, values per token, the newest tokens in full precision."
     scheme = "kivi"
-    compiled = False # a choice's refill as one compiled graph (`_compiled`; off: see there for what it costs)
+    compiled = False # a choice's refill as one compiled graph (`_compiled`; off: its page section says what it costs)
     rotate = False # values through an orthonormal Hadamard transform before they are quantized (undone on the way out)
 
 # %% ../nbs/03a2_kivi_storage.ipynb #8bfe66f5

@@ -5,6 +5,7 @@
 # %% ../../nbs/12d_eval_default_speed.ipynb #fb28a2ea
 from __future__ import annotations
 import argparse, json, statistics, sys, time
+from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordinator_of
@@ -33,8 +34,9 @@ def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIX
     "The per-layer caches of a benchmark kind (`kind+compiled`: its KIVI refills compiled, `KiviStorage.compiled`)."
     if kind.endswith("+compiled"):
         caches = kind_caches(model, kind[:-len("+compiled")])
-        for c in caches:
-            if hasattr(getattr(c, "store", None), "compiled"): c.store.compiled = True
+        kivi = [c.store for c in caches if hasattr(getattr(c, "store", None), "compiled")]
+        if not kivi: raise ValueError(f"kind={kind!r}: `+compiled` needs a kind with KIVI storage")
+        for st in kivi: st.compiled = True
         return caches
     if kind == "full": return make_prompt_cache(model)
     if kind in FIXED_KINDS: return KVCacheBuilder.for_model(model, FIXED_KINDS[kind])
@@ -130,7 +132,7 @@ def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
 # %% ../../nbs/12d_eval_default_speed.ipynb #7b03f138
 def load_runs(*paths)->dict:
     "The `results` of several runs (one per model, or more contexts of one) as one dict, with the settings of each."
-    runs, results = [json.load(open(p)) for p in paths], {}
+    runs, results = [json.loads(Path(p).read_text()) for p in paths], {}
     for p, run in zip(paths, runs):
         for m, by_n in run["results"].items():
             twice = sorted(set(by_n) & set(results.get(m, {})), key=int)
@@ -381,26 +383,31 @@ def markdown_costs_table(by_head_dim:dict)->str:
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #39255c04
 import os, re, subprocess, tempfile
-from pathlib import Path
 
 _COLD = ("import sys\nfrom veloxquant_mlx.storage_kivi import KiviStorage\n"
          "KiviStorage.compiled = sys.argv.pop(1) == '1'\nfrom veloxquant_mlx.cli import main\nsys.exit(main())")
 _STATS = re.compile(r"prefill ([\d.]+) tok/s, decode ([\d.]+) tok/s, peak memory [\d.]+ MiB, wall ([\d.]+) s")
 
-def command_stats(text:str)->dict:
+def command_stats(text:str, # what `veloxquant generate` printed
+                 )->dict:
     "Prefill and decode tokens/s and wall seconds from the report `veloxquant generate` prints."
     m = _STATS.search(text)
     if m is None: raise ValueError("no 'prefill ... tok/s, decode ... tok/s, ..., wall ... s' line in the output")
     return dict(prefill_tok_s=float(m[1]), decode_tok_s=float(m[2]), wall_s=float(m[3]))
 
-def _cli(args:list, compiled:bool, tmp:str, stdin:str|None=None)->str:
-    "`veloxquant ARGS` as a new process with `TMPDIR=tmp`, the refills compiled or not: what it printed."
+def _cli(args:list, # `veloxquant`'s arguments
+         compiled:bool, # the KIVI refills compiled (`KiviStorage.compiled`)
+         tmp:str, # the process's `TMPDIR` (MLX keeps its built kernels under it)
+         stdin:str|None=None)->str: # piped in, as the README's `|` does
+    "`veloxquant ARGS` as a new process: its standard output (its standard error in the error if it fails)."
     p = subprocess.run([sys.executable, "-c", _COLD, "1" if compiled else "0", *args], input=stdin, text=True,
                        capture_output=True, env=dict(os.environ, TMPDIR=tmp), timeout=1800)
     if p.returncode: raise RuntimeError(f"`veloxquant {' '.join(args)}` failed: {p.stderr[-2000:]}")
-    return p.stdout + p.stderr
+    return p.stdout
 
-def cold_start(models:tuple=("gemma3", "smollm2"), tokens:int=2000, fraction:float=0.125, log=print)->list:
+def cold_start(models:tuple=("gemma3", "smollm2"), # embedded models
+               tokens:int=2000, fraction:float=0.125, # the README's main command: the pass key's prompt, the share
+               log=print)->list:
     "The main command per model, refills compiled and plain, cold (empty kernel cache) then warm: a row per run."
     rows = []
     for m in models:
@@ -432,18 +439,21 @@ def markdown_cold_start(rows:list)->str: # `cold_start`'s rows
 def parse_contexts(spec:str)->dict: # "model=n,n;model=n"
     "Prompt lengths per embedded model from `--contexts` (each length at least 2 tokens)."
     out = {}
-    for part in filter(None, spec.split(";")):
-        m, _, ns = part.partition("=")
+    for part in filter(None, (s.strip() for s in spec.split(";"))):
+        m, _, ns = (s.strip() for s in part.partition("="))
+        if m in out: raise ValueError(f"`--contexts` names model {m!r} twice: give its lengths once, comma-separated")
         if m not in CONTEXTS: raise ValueError(f"`--contexts` names model {m!r}; the models are {sorted(CONTEXTS)}")
         try: lengths = tuple(int(n) for n in ns.split(","))
         except ValueError: raise ValueError(f"`--contexts` lengths for {m} must be integers, got {ns!r}") from None
         if not lengths or min(lengths) < 2: raise ValueError(f"`--contexts` lengths for {m} must be >= 2, got {ns!r}")
+        if len(set(lengths)) < len(lengths): raise ValueError(f"`--contexts` repeats a length for {m}: {ns!r}")
         out[m] = lengths
+    if not out: raise ValueError(f"`--contexts` names no model, got {spec!r}")
     return out
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9be7a9d5
 def main(argv=None):
-    "`python scripts/bench_default_speed.py [--quick] [--out nbs/results/default_speed.json] [--image PATH]`."
+    "`python scripts/bench_default_speed.py [--quick|--profile|--split|--choices|--cold|--plot FILES] [--out] [--image]`."
     ap = argparse.ArgumentParser(description="The default's decode step and prefill against the full cache")
     ap.add_argument("--quick", action="store_true", help="SmolLM2 at 1k and 2k, four kinds, six steps")
     ap.add_argument("--out", default="nbs/results/default_speed.json")
@@ -455,8 +465,10 @@ def main(argv=None):
     ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
     ap.add_argument("--long-kinds", default=None, help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
     ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 24: three choices)")
-    ap.add_argument("--plot", default=None, help="comma-separated result files: only their figure (`plot_runs`, --image)")
-    ap.add_argument("--cold", action="store_true", help="only `cold_start`: the main command, compiled refills or not")
+    ap.add_argument("--plot", default=None, help="comma-separated result files: only their figure (`plot_runs`) "
+                    "at --image, of --kinds if given")
+    ap.add_argument("--cold", action="store_true", help="only `cold_start`: the main command on an empty kernel cache "
+                    "(--models)")
     ap.add_argument("--contexts", default=None, help="prompt lengths per model, e.g. 'gemma3=4096,16384;smollm2=4096'")
     a = ap.parse_args(argv)
     cfg = dict(QUICK, long_kinds=None) if a.quick else dict(contexts=dict(CONTEXTS), steps=24, kinds=KINDS,
@@ -472,12 +484,14 @@ def main(argv=None):
                        seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
         return
     if a.plot:
-        plot_runs(a.plot.split(","), cfg["kinds"] if a.kinds else None).savefig(a.image or "default_speed.png", dpi=100)
+        if not a.image: ap.error("--plot writes its figure at --image PATH: give one")
+        plot_runs(a.plot.split(","), cfg["kinds"] if a.kinds else None).savefig(a.image, dpi=100)
         return
     if a.cold:
         models = tuple((a.models or "gemma3,smollm2").split(","))
-        json.dump(dict(cold=cold_start(models, log=lambda s: print(s, file=sys.stderr)), device=str(mx.default_device()),
-                       seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
+        rows = cold_start(models, log=lambda s: print(s, file=sys.stderr))
+        json.dump(dict(cold=rows, device=str(mx.default_device()), seconds=round(time.time() - t0)), open(a.out, "w"),
+                  indent=1)
         return
     if a.choices:
         from veloxquant_mlx.models import load_embedded_model, prose_text
