@@ -53,7 +53,8 @@ def staggered(model, caches:list, last:int, # a prefilled one-sequence cache lis
         c, t = copy.deepcopy(caches), last
         for _ in range(b % stagger):                             # before the timed steps: a host read is fine here
             t = mx.argmax(model(mx.array([[t]]), cache=c)[:, -1], axis=-1).item()
-        rows.append(c); lasts.append(t)
+        rows.append(c)
+        lasts.append(t)
     return rows, lasts
 
 def generation_batch(model, caches:list, last:int, B:int, stagger:int=0)->tuple: # as `staggered`
@@ -108,7 +109,8 @@ def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
         def g(*a, **k):
             if not on[0]: return f(*a, **k)
             mx.eval(_arrays(list(a[1:])))
-            t0 = time.perf_counter(); r = f(*a, **k)
+            t0 = time.perf_counter()
+            r = f(*a, **k)
             mx.eval(_arrays(r) + _arrays([getattr(a[0], n, None) for n in _HELD]))  # its own work, not the next's
             key = f"{cls.__name__}.{name}"
             times[key] = times.get(key, 0.0) + time.perf_counter() - t0
@@ -124,8 +126,12 @@ def profile_steps(model, caches:list, last:int, B:int, # as `decode_batch`
         mx.synchronize()
         out = []
         for _ in range(steps):
-            times.clear(); calls.clear(); on[0] = True
-            t0 = time.perf_counter(); gen.next(); mx.synchronize()
+            times.clear()
+            calls.clear()
+            on[0] = True
+            t0 = time.perf_counter()
+            gen.next()
+            mx.synchronize()
             on[0] = False
             out.append(dict(ms=1e3 * (time.perf_counter() - t0),
                             pieces={k: dict(ms=1e3 * v, calls=calls[k]) for k, v in times.items()}))
@@ -324,7 +330,7 @@ def ceiling_sweep(cfg:dict, # `model`, `batches`, `steps`, `warmup`, `rounds`; `
 
 def ceiling_ratio(run:dict, # one prompt length of a `run_sweep` result (with `at_cap`)
                   ceiling:dict)->float|None: # a `ceiling_sweep` result of the same model
-    "The ceiling's tokens/s at the evicting row's batch over the full cache's at the cap (None: that batch not measured)."
+    "The ceiling's tokens/s at the evicting row's batch over the full cache's at the cap (None: batch not measured)."
     cap = run.get("at_cap", {})
     B, full = cap.get("evict", {}).get("B"), cap.get("full", {}).get("tok_s")
     got = [r["tok_s"] for r in ceiling["ceiling"] if r["B"] == B]

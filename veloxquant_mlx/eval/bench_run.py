@@ -237,7 +237,8 @@ def speed_verdicts(run:SpeedRun, decode_target:float=1.15, # the most a step may
     if co is not None:
         out.append(f"**4. Coordinator and proxy (target under {100 * share_target:.0f} %): "
                    f"{ok(co.total_share < share_target)}.** In the prefill of {co.length:,} tokens "
-                   f"({co.prefill_med_s:.1f} s) the concentration measure took {100 * co.concentration_share:.2f} % and "
+                   f"({co.prefill_med_s:.1f} s) the concentration measure took "
+                   f"{100 * co.concentration_share:.2f} % and "
                    f"the re-budget {100 * co.rebudget_share:.2f} %.")
     m = run.machine
     took = f"; the run took {run.elapsed_s / 60:.1f} minutes" if run.elapsed_s else ""

@@ -42,7 +42,8 @@ def fraction_config(row:tuple, # (method, params, fields)
 def row_name(row:tuple)->str:
     "The row's label: its configuration without the budget."
     method, params, fields = row
-    if fields.get("kv_bits") == "auto": return KVCacheConfig.for_method(method, kv_fraction=0.5, **params, **fields).label
+    if fields.get("kv_bits") == "auto":
+        return KVCacheConfig.for_method(method, kv_fraction=0.5, **params, **fields).label
     return KVCacheConfig.for_method(method, 64, **params, **fields).label
 
 _REC = dict(window_method="streamingllm")
