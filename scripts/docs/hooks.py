@@ -44,7 +44,7 @@ NAV = [
     (HARNESS, ['eval_prompts', 'eval_measure', 'eval_batching', 'eval_grid', 'eval_fraction', 'eval_prefill',
                'eval_results', 'eval_tables', 'eval_grid_tables', 'eval_plots', 'eval_quality_cli',
                'eval_bench', 'eval_bench_prefill', 'eval_bench_run', 'eval_default_speed', 'eval_batch_bench',
-               'eval_sharding']),
+               'eval_sharding', 'eval_levers']),
     ('The explorer', ['explore_schedules']),
 ]
 LABELS = {'index': 'Home'}   # the home page's title is the package name

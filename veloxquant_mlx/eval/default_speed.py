@@ -4,7 +4,7 @@
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #fb28a2ea
 from __future__ import annotations
-import argparse, json, statistics, sys, time
+import argparse, json, math, statistics, sys, time
 from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -13,10 +13,10 @@ from ..cache import EvictingCache, cache_arrays
 
 # %% auto #0
 __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'pipelined_steps',
-           'run_context', 'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table', 'speed_headline',
-           'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile', 'split_decode', 'choice_profile',
-           'choice_costs', 'markdown_choice_profile', 'markdown_profile_table', 'markdown_costs_table', 'command_stats',
-           'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
+           'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table',
+           'speed_headline', 'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile', 'split_decode',
+           'choice_profile', 'choice_costs', 'markdown_choice_profile', 'markdown_profile_table',
+           'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -78,11 +78,16 @@ def pipelined_steps(model, caches:list, y, # the per-layer caches, the last toke
     y.item()
     return times, y
 
+def choice_cycle(caches:list)->int: # a model's per-layer caches
+    "Decoding steps after which every layer's choices repeat: the least common multiple of `slack + 1` (1: none)."
+    return math.lcm(1, *(c.spec.slack + 1 for c in caches if isinstance(c, EvictingCache)))
+
 def run_context(model, ids:list, # the prompt's token ids
                 kinds:tuple=KINDS, steps:int=16, # decoding steps per kind, one at a time (each evaluated alone)
                 chunk:int=512, # prefill chunk (the command line's default)
                 log=None,
-                blocks:int=3)->dict: # runs of 9 pipelined steps per kind, interleaved (the first of each not timed)
+                blocks:int=3)->dict: # pipelined runs per kind, interleaved (a warm step, then whole cycles)
+
     "Prefill and decode every kind over the same prompt, interleaved: step by step, then pipelined as mlx-lm decodes."
     caches = {k: kind_caches(model, k) for k in kinds}
     pre = _read_prompt(model, ids, caches, chunk)
@@ -95,7 +100,8 @@ def run_context(model, ids:list, # the prompt's token ids
     last, pipe = {k: mx.array([ids[-1]]) for k in kinds}, {k: [] for k in kinds}
     for _ in range(blocks):
         for k in kinds:
-            times, last[k] = pipelined_steps(model, caches[k], last[k], 9)
+            cycle = choice_cycle(caches[k])
+            times, last[k] = pipelined_steps(model, caches[k], last[k], 1 + cycle * -(-8 // cycle))
             pipe[k] += times[1:]                                      # the first fills the pipeline
     if log: log(f"  {len(ids)} tokens: " + ", ".join(f"{k} {1e3 * statistics.median(v):.0f} ms"
                                                       for k, v in samples.items()))
