@@ -4,16 +4,18 @@ first prompt and text of the committed run of today's default (`nbs/results/ever
 `scripts/bench_tasks.py --model smollm2 --tasks second --shares 0.25 --rows default@`).
 
 Greedy decoding in float32 is deterministic on one machine: the answers must be the committed ones word for word,
-the full cache's mean NLL per token on each text within 0.002 of the committed one (about 0.2 % of perplexity; a BLAS
-that sums in another order moves it by about 1e-5), and the default's within 0.005 (0.5 %): on a machine whose
-OpenBLAS has other kernels (Debian's, Haswell kernels on an AVX2 AMD EPYC, against the wheel's Skylake-X build that
-made the committed run) the rounding moves a near-tie of the default's choices or a 4-bit bucket, and its code text
-moved by 0.0023 (measured). A change to the default's plan, its eviction or its storage that moves any of these by
-more fails here. About three minutes on a 2-core machine (the other key tasks are left out for time)."""
+each text's mean NLL per token within 0.002 of the committed one (about 0.2 % of perplexity; a BLAS that sums in
+another order moves the full cache's by about 1e-5), except the default's under a system OpenBLAS, within 0.005
+(0.5 %): on a machine whose OpenBLAS has other kernels (Debian's, Haswell kernels on an AVX2 AMD EPYC, against the
+wheel's Skylake-X build that made the committed run) the rounding moves a near-tie of the default's choices or a
+4-bit bucket, and its code text moved by 0.0023 (measured). A change to the default's plan, its eviction or its
+storage that moves any of these by more fails here. About three minutes on a 2-core machine (the other key tasks
+are left out for time)."""
 import json
 from pathlib import Path
 import pytest
 from test_main_command import available
+from machine import system_openblas
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "nbs" / "results" / "every_task_smollm2_default.json"
@@ -43,4 +45,4 @@ def test_default_row_reproduces_the_committed_study():
     for kind, rows in got["continuation"].items():
         for row in ("full", ROW):
             a, b = rows[row]["per_text"][0], want["continuation"][kind][row]["per_text"][0]
-            assert abs(a - b) <= (0.002 if row == "full" else 0.005), (kind, row, a, b)
+            assert abs(a - b) <= (0.005 if row != "full" and system_openblas() else 0.002), (kind, row, a, b)

@@ -101,7 +101,8 @@ def run_context(model, ids:list, # the prompt's token ids
     for _ in range(blocks):
         for k in kinds:
             cycle = choice_cycle(caches[k])
-            times, last[k] = pipelined_steps(model, caches[k], last[k], 1 + cycle * -(-8 // cycle))
+            whole = cycle * -(-8 // cycle)                                  # whole cycles, 8 steps at least
+            times, last[k] = pipelined_steps(model, caches[k], last[k], 1 + whole)
             pipe[k] += times[1:]                                      # the first fills the pipeline
     if log: log(f"  {len(ids)} tokens: " + ", ".join(f"{k} {1e3 * statistics.median(v):.0f} ms"
                                                       for k, v in samples.items()))
