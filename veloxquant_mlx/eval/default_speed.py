@@ -87,7 +87,6 @@ def run_context(model, ids:list, # the prompt's token ids
                 chunk:int=512, # prefill chunk (the command line's default)
                 log=None,
                 blocks:int=3)->dict: # pipelined runs per kind, interleaved (a warm step, then whole cycles)
-
     "Prefill and decode every kind over the same prompt, interleaved: step by step, then pipelined as mlx-lm decodes."
     caches = {k: kind_caches(model, k) for k in kinds}
     pre = _read_prompt(model, ids, caches, chunk)
@@ -98,11 +97,10 @@ def run_context(model, ids:list, # the prompt's token ids
             _sync(model(one, cache=caches[k]), caches[k])
             if s >= 2: samples[k].append(time.perf_counter() - t)
     last, pipe = {k: mx.array([ids[-1]]) for k in kinds}, {k: [] for k in kinds}
+    whole = {k: (c := choice_cycle(caches[k])) * -(-8 // c) for k in kinds}   # whole cycles, 8 steps at least
     for _ in range(blocks):
         for k in kinds:
-            cycle = choice_cycle(caches[k])
-            whole = cycle * -(-8 // cycle)                                  # whole cycles, 8 steps at least
-            times, last[k] = pipelined_steps(model, caches[k], last[k], 1 + whole)
+            times, last[k] = pipelined_steps(model, caches[k], last[k], 1 + whole[k])
             pipe[k] += times[1:]                                      # the first fills the pipeline
     if log: log(f"  {len(ids)} tokens: " + ", ".join(f"{k} {1e3 * statistics.median(v):.0f} ms"
                                                       for k, v in samples.items()))
