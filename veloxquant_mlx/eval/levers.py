@@ -423,11 +423,12 @@ def levers_main(argv:list|None=None): # the command line's arguments (None: `sys
     ap.add_argument("--shares", default="0.25,0.125",
                     help="headwise: shares of the prompt's tokens per layer; tiers: shares of its bf16 bytes")
     ap.add_argument("--group-size", type=int, default=64, help="tiers only: the KIVI groups")
+    ap.add_argument("--hi", type=int, default=4, help="tiers only: the kept tokens' width")
     a = ap.parse_args(argv)
     n, context, score = (1, 512, 64) if a.quick else (a.texts, a.context, 256)
     model, tokenizer = load_cli_model(a.model)
     study, table = STUDIES[a.study]
-    kw = dict(group_size=a.group_size) if a.study == "tiers" else {}
+    kw = dict(group_size=a.group_size, hi=a.hi) if a.study == "tiers" else {}
     shares = tuple(float(x) for x in a.shares.split(","))
     res = study(model, tokenizer, n=n, context=context, score=score, shares=shares, **kw)
     res["settings"].update(model=a.model, study=a.study)
