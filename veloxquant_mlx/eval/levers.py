@@ -22,7 +22,7 @@ from .tasks import continuation_texts, TEXT_KINDS, _ppl
 __all__ = ['HIDDEN', 'STUDIES', 'chunk_mass', 'uniform_chunks', 'headwise_chunks', 'headwise_chunks_reference', 'StudyCache',
            'study_caches', 'global_caches', 'study_nll', 'rule_keeps', 'over_texts', 'headwise_study', 'ppl_change',
            'headwise_table', 'markdown_headwise_table', 'headwise_summary', 'kivi_share', 'fake_kivi', 'tier_chunks',
-           'tier_of', 'tier_study', 'markdown_tier_table', 'tier_summary', 'levers_main']
+           'tier_of', 'tier_study', 'markdown_tier_table', 'tier_summary', 'evict_row', 'levers_main']
 
 # %% ../../nbs/15a_eval_levers.ipynb #387e03fa
 def chunk_mass(mass:mx.array, # per-token mass `[B, H, P]` over a prompt of P tokens
@@ -406,6 +406,18 @@ def tier_summary(res:dict)->str: # results of `tier_study`
     parts = [f"at {s:g} of the bytes " + ", ".join(f"{k} {gap(k, s):+.1f}" for k in cont)
              for s in res["settings"]["shares"]]
     return "the tiered rule's perplexity change minus the evicting one's, in points: " + "; ".join(parts)
+
+# %% ../../nbs/15a_eval_levers.ipynb #df1a57bc
+def evict_row(res:dict, # results of `tier_study` at one share
+              per_token:dict, # width -> (fixed, per token) attention price (a table of `costs.STEP_COSTS`)
+             )->dict:
+    "The evicting row of a one-share tier study: width, bytes held, tokens kept, attention price, perplexity changes."
+    s = res["settings"]
+    if len(s["shares"]) != 1: raise ValueError(f"`res` must hold one share, got shares={s['shares']}")
+    name = f"evict@{s['shares'][0]}"
+    kept = res["chunks"][name][0] / (s["context"] // s["chunk"])
+    return dict(bits=s["hi"], held=res["held"][name], kept=kept, price=kept * per_token[s["hi"]][1],
+                ppl=[ppl_change(res["continuation"], k, name) for k in s["kinds"]])
 
 # %% ../../nbs/15a_eval_levers.ipynb #6fddaa89
 STUDIES = dict(headwise=(headwise_study, markdown_headwise_table), tiers=(tier_study, markdown_tier_table))
