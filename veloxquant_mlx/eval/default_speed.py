@@ -191,7 +191,7 @@ def _also(r:dict, mean:str, pipe:str)->str: # formats for the mean speed and the
 
 def speed_headline(res:dict, # a run's `results`
                    kinds:tuple=("default@0.25", "default@0.125"), # the rows to describe
-                   before:str="rewindow@0.25", # the row it replaced (the previous round's default)
+                   before:str="rewindow@0.25", # the row it replaced (the previous default)
                   )->str:
     "Per model and context: each kind's decode speed and prefill time against the full cache's."
     rows, out = speed_rows(res), []

@@ -289,9 +289,10 @@ def default_rows_note(res:dict)->str: # results of `every_task` (with their sett
     rows = res.get("settings", {}).get("rows", {})
     old = [r for r, label in rows.items() if r.startswith("default@") and label != today(r)]
     if not old: return ""
-    r, shares = old[0], ", ".join(r.split("@")[1] for r in old)
-    return (f"(In this run `default` at {shares} is the default of its day, `{rows[r]}` at {r.split('@')[1]}; "
-            f"today's is `{today(r)}`.)")
+    s = [r.split("@")[1] for r in old]
+    r, at, shares = old[0], s[0], s[0] if len(s) == 1 else ", ".join(s[:-1]) + " and " + s[-1]
+    return (f"(In this run the `default` rows at {shares} ran the default of that day, at {at} `{rows[r]}`; "
+            f"today's at {at} is `{today(r)}`.)")
 
 # %% ../../nbs/15_every_task.ipynb #6a6e5381
 def table_row(res:dict, # results of `every_task`
