@@ -243,3 +243,36 @@ def test_make_mask_array_covers_stored_plus_chunk():
     assert m.shape == (4, 14)
     ref = KVCache(); ref.update_and_fetch(x, x)
     assert mx.array_equal(m, ref.make_mask(4, return_array=True, window_size=None)).item()
+
+# ---- found by a bad-input review (2026-12-04) ------------------------------------------------------------------
+@pytest.mark.parametrize("port", ["-1", "70000"])
+def test_serve_port_out_of_range_is_one_line_before_anything_loads(port, capsys):
+    from veloxquant_mlx.cli import main
+    assert main(["serve", "--model", "tiny:llama", "--method", "h2o", "--budget", "12", "--port", port]) == 2
+    assert f"--port {port}: must be in [0, 65535]" in capsys.readouterr().err
+
+def test_serve_address_in_use_is_a_clear_error_and_no_thread_is_left():
+    import threading
+    from veloxquant_mlx.serve import EvictingServer
+    from veloxquant_mlx.serve import tiny_tokenizer
+    cfg = KVCacheConfig.for_method("h2o", 12)
+    first = EvictingServer(tiny_model("llama"), tiny_tokenizer(), cfg, ["--port", "0", "--log-level", "ERROR"])
+    try:
+        before = threading.active_count()
+        with pytest.raises(ValueError, match=r"cannot listen on `host`='127.0.0.1', `port`=\d+"):
+            EvictingServer(tiny_model("llama"), tiny_tokenizer(), cfg,
+                           ["--port", str(first.httpd.server_address[1]), "--log-level", "ERROR"])
+        assert threading.active_count() == before            # the refused server started no generation thread
+    finally: first.stop()
+
+@pytest.mark.parametrize("bad", [None, "h2o", 0.25])
+def test_for_model_with_something_that_is_not_a_config(bad):
+    with pytest.raises(TypeError, match=r"`config` must be a KVCacheConfig .*got "):
+        KVCacheBuilder.for_model(tiny_model("llama"), bad)
+
+def test_pyramid_layer_beta_and_window_pool_are_named():
+    from veloxquant_mlx.policies import ObservationWindow
+    with pytest.raises(ValueError, match=r"`beta` must be a finite number >= 1.0, got nan"):
+        PyramidKVCache(8, beta=float("nan"))
+    with pytest.raises(ValueError, match=r"`pool` must be 'avg' or 'max', got 'x'"):
+        ObservationWindow(pool="x")

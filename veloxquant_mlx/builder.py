@@ -509,6 +509,9 @@ class KVCacheBuilder:
     def for_model(model:nn.Module, # an mlx-lm model
                   config:KVCacheConfig): # the method and its budget
         "The prompt cache to pass as `prompt_cache=` to `mlx_lm.generate` / `stream_generate`."
+        if not isinstance(config, KVCacheConfig):
+            raise TypeError(f"`config` must be a KVCacheConfig (e.g. recommended_config(0.25) or "
+                            f"KVCacheConfig.for_method('h2o', 128)), got {type(config).__name__}")
         hd, unpacked = _model_storage(model, config)
         if config.entry.baseline: return config.entry.build(model, config)
         base, slots = _slots_of(model, config, hd)

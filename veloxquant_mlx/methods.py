@@ -11,6 +11,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from .policies import Policy, ObservationWindow, LastQuery, Recency, ChunkKV, KeyNorm, MeanAttention
 from .cache import policy_for_score, EvictingCache, install_attention_hook
 from .policies import _check_int
+from .allocators import _check_real
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SIGNALS
 
 # %% auto #0
@@ -202,7 +203,7 @@ def PyramidKVCache(budget:int, # this layer's share of the pyramid
                    recent:int=0, # protected newest tokens
                    **kwargs)->EvictingCache: # more `EvictingCache` arguments
     "An H2O layer whose budget comes from PyramidKV's depth taper (computed by the builder)."
-    info = {"beta": beta, **kwargs.pop("info", {})}
+    info = {"beta": _check_real("beta", beta, 1.0), **kwargs.pop("info", {})}   # as `Pyramid` checks it
     return METHODS["pyramidkv"].layer(budget, n_sink, window, policy=policy_for_score(score, obs_window),
                                       recent=recent, layer_idx=layer_idx, info=info, **kwargs)
 

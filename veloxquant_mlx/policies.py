@@ -117,7 +117,8 @@ class ObservationWindow(Policy):
         super().__post_init__()
         _check_int("obs_window", self.obs_window, 1)
         if self.decode_window is not None: _check_int("decode_window", self.decode_window, 0)
-        pool_mass(mx.zeros(1), self.kernel, self.pool)                    # validates kernel and pool
+        if self.pool not in ("avg", "max"): raise ValueError(f"`pool` must be 'avg' or 'max', got {self.pool!r}")
+        pool_mass(mx.zeros(1), self.kernel, self.pool)                    # validates the kernel
 
 
 # %% ../nbs/02a_policies.ipynb #d495d970

@@ -355,6 +355,16 @@ def handle_chat_completions(self:_Handler):
 # %% ../nbs/07a_serve.ipynb #a7a00039
 PREFILL_STEP = 512  # tokens per prefill chunk: generate's `--prefill-step` default (mlx-lm's server reads 2,048)
 
+# %% ../nbs/07a_serve.ipynb #45c67cf7
+def _listen(host:str, port:int, handler)->ThreadingHTTPServer: # where to listen; the request handler's factory
+    "An HTTP server bound to `host`:`port`, or a `ValueError` that names them (a port outside [0, 65535], one in use)."
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"`port` must be an integer in [0, 65535] (0: any free port), got {port!r}")
+    fp = mlx_server.get_system_fingerprint()
+    try: return ThreadingHTTPServer((host, port), lambda *a, **kw: handler(*a, system_fingerprint=fp, **kw))
+    except OSError as e:
+        raise ValueError(f"cannot listen on `host`={host!r}, `port`={port}: {e.strerror or e}") from None
+
 # %% ../nbs/07a_serve.ipynb #a7a00035
 class EvictingServer:
     "mlx-lm's OpenAI-compatible HTTP server (continuous batching) over a model whose requests get eviction caches."
@@ -378,10 +388,8 @@ class EvictingServer:
             raise ValueError("a request cannot choose a configuration beside mlx-lm's own caches: serve an eviction "
                              "method (or auto) to allow choices")
         cache = EvictingPromptCache(self.args.prompt_cache_size, self.provider.reusable, model)
-        self.generator = _Generator(self.provider, cache)
-        fp = mlx_server.get_system_fingerprint()
-        self.httpd = ThreadingHTTPServer((self.args.host, self.args.port),
-                                         lambda *a, **kw: _Handler(self, *a, system_fingerprint=fp, **kw))
+        self.httpd = _listen(self.args.host, self.args.port, lambda *a, **kw: _Handler(self, *a, **kw))  # before the
+        self.generator = _Generator(self.provider, cache)                         # generation thread starts
         self._thread = None
 
 # %% ../nbs/07a_serve.ipynb #a7a00036
@@ -683,6 +691,7 @@ def serve_from_args(args, err=None)->int:
     if cfg.entry.baseline and cfg.method != "full":
         raise CLIError(f"--method {args.method}: serve an eviction method, or 'full' (mlx-lm's own caches)")
     choices = request_choices(args, parse_allowed(args.allow_request)) if args.allow_request else None
+    if not 0 <= args.port <= 65535: raise CLIError(f"--port {args.port}: must be in [0, 65535] (0: any free port)")
     model, tok = load_cli_model(args.model)
     if args.model and args.model.startswith("tiny:"): tok = tiny_tokenizer()
     rest = [a for a in args.server_args if a != "--"]

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from mlx_lm.models.cache import KVCache
 from ..h2o import query_mass, pool_mass, position_attention, last_queries
 from ..cache import _ORIGINAL_SDPA, install_attention_hook
-from ..storage_base import quantize_groups, dequantize_groups
+from ..storage_base import quantize_groups, dequantize_groups, KV_BITS
 from .measure import attention_windows, machine_info
 from .tasks import continuation_texts, TEXT_KINDS, _ppl
 
@@ -419,6 +419,16 @@ def evict_row(res:dict, # results of `tier_study` at one share
     return dict(bits=s["hi"], held=res["held"][name], kept=kept, price=kept * per_token[s["hi"]][1],
                 ppl=[ppl_change(res["continuation"], k, name) for k in s["kinds"]])
 
+# %% ../../nbs/15a_eval_levers.ipynb #31076651
+def _levers_shares(ap, # the parser (its `error` reports the flag)
+                   text:str)->tuple: # the --shares value, comma-separated
+    "The shares of `--shares`, each a finite number in (0, 1], or the parser's error naming the flag."
+    try: shares = tuple(float(x) for x in text.split(","))
+    except ValueError: ap.error(f"--shares {text!r}: give comma-separated numbers in (0, 1]")
+    bad = [s for s in shares if not (0 < s <= 1)]                          # (NaN fails the comparison too)
+    if bad: ap.error(f"--shares {text!r}: each share must be in (0, 1], got {bad[0]}")
+    return shares
+
 # %% ../../nbs/15a_eval_levers.ipynb #6fddaa89
 STUDIES = dict(headwise=(headwise_study, markdown_headwise_table), tiers=(tier_study, markdown_tier_table))
 
@@ -430,18 +440,26 @@ def levers_main(argv:list|None=None): # the command line's arguments (None: `sys
     ap.add_argument("--model", default="smollm2", help="smollm2, a model directory, or tiny:llama")
     ap.add_argument("--out", required=True, help="where the JSON goes")
     ap.add_argument("--quick", action="store_true", help="one text per kind, a 512-token prompt, 64 scored")
-    ap.add_argument("--texts", type=int, default=3)
-    ap.add_argument("--context", type=int, default=1536)
+    ap.add_argument("--texts", type=int, default=None, help="texts per kind (default 3)")
+    ap.add_argument("--context", type=int, default=None, help="prompt tokens (default 1536)")
     ap.add_argument("--shares", default="0.25,0.125",
                     help="headwise: shares of the prompt's tokens per layer; tiers: shares of its bf16 bytes")
-    ap.add_argument("--group-size", type=int, default=64, help="tiers only: the KIVI groups")
-    ap.add_argument("--hi", type=int, default=4, help="tiers only: the kept tokens' width")
+    ap.add_argument("--group-size", type=int, default=None, help="tiers only: the KIVI groups (default 64)")
+    ap.add_argument("--hi", type=int, default=None, help=f"tiers only: the kept tokens' width, one of {KV_BITS} "
+                    "(default 4)")
     a = ap.parse_args(argv)
-    n, context, score = (1, 512, 64) if a.quick else (a.texts, a.context, 256)
+    shares = _levers_shares(ap, a.shares)
+    for flag, v in (("--group-size", a.group_size), ("--hi", a.hi)):
+        if v is not None and a.study != "tiers": ap.error(f"{flag} {v}: read by --study tiers only")
+    if a.quick and (a.texts, a.context) != (None, None): ap.error("--quick sets --texts 1 and --context 512: give "
+                                                                 "either --quick or those")
+    for flag, v, low in (("--texts", a.texts, 1), ("--context", a.context, 64), ("--group-size", a.group_size, 1)):
+        if v is not None and v < low: ap.error(f"{flag} {v}: must be at least {low}")
+    if a.hi is not None and a.hi not in KV_BITS: ap.error(f"--hi {a.hi}: must be one of {KV_BITS}")
+    n, context, score = (1, 512, 64) if a.quick else (a.texts or 3, a.context or 1536, 256)
     model, tokenizer = load_cli_model(a.model)
     study, table = STUDIES[a.study]
-    kw = dict(group_size=a.group_size, hi=a.hi) if a.study == "tiers" else {}
-    shares = tuple(float(x) for x in a.shares.split(","))
+    kw = dict(group_size=a.group_size or 64, hi=a.hi or 4) if a.study == "tiers" else {}
     res = study(model, tokenizer, n=n, context=context, score=score, shares=shares, **kw)
     res["settings"].update(model=a.model, study=a.study)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
