@@ -276,3 +276,46 @@ def test_pyramid_layer_beta_and_window_pool_are_named():
         PyramidKVCache(8, beta=float("nan"))
     with pytest.raises(ValueError, match=r"`pool` must be 'avg' or 'max', got 'x'"):
         ObservationWindow(pool="x")
+
+def test_a_recent_no_layer_can_keep_is_said_not_cut_silently():
+    import io
+    from veloxquant_mlx.cli import main
+    from veloxquant_mlx.cache import _FIT_SAID, FittedWarning
+    _FIT_SAID.clear()
+    with pytest.warns(FittedWarning, match=r"`recent`=500 does not fit a layer of \d+ tokens beside 4 sinks: it keeps \d+"):
+        assert main(["generate", "--model", "tiny:llama", "--method", "h2o", "--kv-fraction", "0.25", "--recent", "500",
+                     "--max-tokens", "3", "a" * 80], out=io.StringIO()) == 0
+
+@pytest.mark.parametrize("flag", [["--budget", "64"], ["--kv-fraction", "0.5"]])
+def test_a_budget_for_the_full_cache_alone_is_refused(flag, capsys):
+    from veloxquant_mlx.cli import main
+    assert main(["generate", "--model", "tiny:llama", "--method", "full", *flag, "--max-tokens", "2", "hi"]) == 2
+    assert f"{' '.join(flag)}: full keeps every token, nothing to budget" in capsys.readouterr().err
+
+@pytest.mark.parametrize("flag", [["--kv-scheme", "group"], ["--kv-group-size", "32"]])
+def test_a_storage_format_with_nothing_packed_is_refused(flag, capsys):
+    from veloxquant_mlx.cli import main
+    assert main(["generate", "--model", "tiny:llama", "--method", "h2o", "--budget", "16", *flag, "hi"]) == 2
+    assert f"{' '.join(flag)}: read only with --kv-bits" in capsys.readouterr().err
+
+def test_calibrate_with_more_texts_than_there_are_names_the_flags(capsys, tmp_path):
+    from veloxquant_mlx.cli import main
+    assert main(["calibrate", "--model", "tiny:gemma3", "--texts", "1000", "--context", "80",
+                 "--out", str(tmp_path / "t.json")]) == 2
+    assert "--texts 1000 --context 80:" in capsys.readouterr().err
+
+@pytest.mark.parametrize("argv,says", [
+    (["passkey", "--model", "tiny:llama", "--tokens", "10"], "--tokens=10"),
+    (["serve", "--model", "tiny:llama", "--method", "h2o", "--budget", "12", "--max-tokens-limit", "0"],
+     "--max-tokens-limit 0: must be a positive integer"),
+    (["serve", "--model", "tiny:llama", "--method", "h2o", "--budget", "12", "--max-prompt-tokens", "-3"],
+     "--max-prompt-tokens -3: must be a positive integer")])
+def test_command_line_errors_name_the_flag(argv, says, capsys):
+    from veloxquant_mlx.cli import main
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
+
+def test_a_negative_layer_index_and_rows_that_are_not_layers():
+    from veloxquant_mlx.batch import BatchEvictingCache
+    with pytest.raises(ValueError, match=r"`layer_idx` must be"): EvictingCache(64, layer_idx=-1)
+    with pytest.raises(TypeError, match=r"`rows` must be EvictingCache layers, got a int"): BatchEvictingCache([1, 2])

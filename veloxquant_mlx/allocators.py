@@ -28,14 +28,15 @@ def _check_int(name:str, # parameter name, for the message
 def _check_real(name:str, # parameter name, for the message
                 value, # the value to check
                 lo:float=-math.inf, # smallest allowed value
-                hi:float=math.inf # largest allowed value
+                hi:float=math.inf, # largest allowed value
+                above:bool=False # True: `lo` itself is refused (a range open at `lo`)
                )->float:
     "`value` as a `float` if it is a finite real (not a bool) in [`lo`, `hi`], else a `ValueError` naming `name`."
-    allowed = ("a finite number" + (f" >= {lo}" if lo > -math.inf else "") if hi == math.inf
-               else f"a finite number in [{lo}, {hi}]")
+    low = (f" > {lo}" if above else f" >= {lo}") if lo > -math.inf else ""
+    allowed = ("a finite number" + low if hi == math.inf else f"a finite number in {'(' if above else '['}{lo}, {hi}]")
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"`{name}` must be {allowed}, got {value!r}")
-    if not math.isfinite(value) or not lo <= value <= hi:
+    if not math.isfinite(value) or not lo <= value <= hi or (above and value == lo):
         raise ValueError(f"`{name}` must be {allowed}, got {value!r}")
     return float(value)
 

@@ -250,8 +250,7 @@ def _check_schedule(self:KVCacheConfig):
 @patch
 def _check_fraction(self:KVCacheConfig):
     "A budget given as a share of the full cache: set when the prompt's length is known."
-    _check_real("kv_fraction", self.kv_fraction, 0.0, 1.0)
-    if self.kv_fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
+    _check_real("kv_fraction", self.kv_fraction, 0.0, 1.0, above=True)
     if self.budget is not None:
         raise ValueError(f"give `budget` (tokens per layer) or `kv_fraction`, not both (got {self.budget} and "
                          f"{self.kv_fraction})")

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_cache.ipynb #918cd090
 from __future__ import annotations
-import copy, json, math
+import copy, json, math, warnings
 from dataclasses import dataclass, field, fields, replace
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
@@ -19,8 +19,8 @@ from .storage import Storage, FloatStorage, storage_from_meta
 from .coordinator import Coordinator
 
 # %% auto #0
-__all__ = ['COMPRESS', 'READING', 'CHOOSING', 'DECODING', 'PHASE_MOVES', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'fit',
-           'EvictingCache', 'advance', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
+__all__ = ['COMPRESS', 'READING', 'CHOOSING', 'DECODING', 'PHASE_MOVES', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'FittedWarning',
+           'fit', 'EvictingCache', 'advance', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
            'dense_attention_reference', 'hand_over', 'take_back', 'chooses_next', 'steady', 'held_arrays',
            'cache_arrays', 'copy_layer', 'policy_for_score']
 
@@ -43,16 +43,28 @@ class LayerSpec:
     info:dict = field(default_factory=dict, compare=False) # facts about the layer's schedule (e.g. PyramidKV's beta)
 
 # %% ../nbs/03_cache.ipynb #d5b9c0b8
+class FittedWarning(UserWarning):
+    "A layer keeps less of a parameter than was asked: its budget is too small for it."
+
+_FIT_SAID = set()  # (parameter, asked, budget, sinks) already said: a server adopting budgets says each once
+
 def fit(policy:Policy, # the layer's policy
         budget:int, # the budget it must live in
         n_sink:int, # its sinks
         recent:int, # the protected newest tokens asked for
         slack:int, # the slack asked for
 )->tuple:
-    "The (policy, recent, slack) a layer of `budget` tokens can keep."
-    policy = policy.fitted(budget, n_sink)
-    recent = max(0, min(recent, budget - n_sink - 1))
-    return policy, recent, max(0, min(slack, budget - n_sink - max(recent + 1, policy.obs_window)))
+    "The (policy, recent, slack) a layer of `budget` tokens can keep (a `FittedWarning` says what it cut)."
+    fitted = policy.fitted(budget, n_sink)
+    r = max(0, min(recent, budget - n_sink - 1))
+    s = max(0, min(slack, budget - n_sink - max(r + 1, fitted.obs_window)))
+    for name, asked, got in (("obs_window", policy.obs_window, fitted.obs_window), ("recent", recent, r),
+                             ("slack", slack, s)):
+        if got < asked and (name, asked, budget, n_sink) not in _FIT_SAID:      # said once per process
+            _FIT_SAID.add((name, asked, budget, n_sink))
+            warnings.warn(f"`{name}`={asked} does not fit a layer of {budget} tokens beside {n_sink} sinks: it keeps "
+                          f"{got}", FittedWarning, stacklevel=2)
+    return fitted, r, s
 
 # %% ../nbs/03_cache.ipynb #23c00af3
 class EvictingCache(_BaseCache):
@@ -100,7 +112,7 @@ def _spec(n_sink, window, recent, compress, slack, layer_idx, method, info)->Lay
     if window is not None: _check_int("window", window, 1)
     if compress not in COMPRESS: raise ValueError(f"`compress` must be one of {COMPRESS}, got {compress!r}")
     return LayerSpec(n_sink, window, _check_int("recent", recent, 0), _check_int("slack", slack, 0), compress,
-                     layer_idx, method, dict(info or {}))
+                     _check_int("layer_idx", layer_idx, 0), method, dict(info or {}))
 
 # %% ../nbs/03_cache.ipynb #f3cca9eb
 @patch

@@ -423,12 +423,21 @@ def configs_from_args(args, methods:list)->list:
             dash = "--" + name.replace("_", "-")
             raise CLIError(f"{dash} is not a parameter of {', '.join(methods)}; it belongs to "
                            f"{', '.join(m.name for m in _REGISTRY.values() if name in {q.name for q in m.params})}")
+    if all(m in _REGISTRY and not _REGISTRY[m].budgeted for m in methods):     # (compare runs them beside others)
+        for flag, v in (("--budget", args.budget), ("--kv-fraction", getattr(args, "kv_fraction", None))):
+            if v is not None: raise CLIError(f"{flag} {v}: {', '.join(methods)} keeps every token, nothing to budget")
     def own(m):
         if m == "auto": return given                       # the recommended method checks them
         return {k: v for k, v in given.items() if m in _REGISTRY and k in {q.name for q in _REGISTRY[m].params}}
     shared = {k: getattr(args, k) for k in CONFIG_FIELDS}
     where = [shared.pop(k) for k in ("budget", "n_sink", "n_recent")]            # `method_config`'s own parameters
-    return [method_config(m, *where, own(m), **shared) for m in methods]
+    configs = [method_config(m, *where, own(m), **shared) for m in methods]
+    for name in ("kv_scheme", "kv_group_size"):                  # formats of packed storage, where nothing is packed
+        v = getattr(args, name, None)
+        if v is not None and all(c.kv_bits is None for c in configs):
+            raise CLIError(f"--{name.replace('_', '-')} {v}: read only with --kv-bits (or --kv-fraction, which "
+                           "chooses the widths); nothing is packed here")
+    return configs
 
 def options_from_args(args, methods:list)->list:
     "One `RunOptions` per method (`configs_from_args`), with the run's token count and prefill chunk."
@@ -439,7 +448,9 @@ def _run(args, out, stdin):
     if args.command == "passkey":
         model, tok = load_cli_model(args.model)
         try: out.write(passkey_prompt(args.tokens, args.key, args.depth, tok) + "\n")
-        except ValueError as e: raise CLIError(str(e)) from None
+        except ValueError as e:                                  # the function's names, as the flags say them
+            names = {"`n_tokens`": "--tokens", "`key`": "--key", "`depth`": "--depth"}
+            raise CLIError(re.sub("|".join(map(re.escape, names)), lambda m: names[m.group()], str(e))) from None
         return 0
     methods = [args.method] if args.command == "generate" else [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods: raise CLIError("--methods is empty")
@@ -504,8 +515,12 @@ def calibrate_from_args(args, # the parsed command line
     _check_int("--context", args.context, 16)
     model, tok = load_cli_model(args.model)
     path = Path(args.out) if args.out else rung_table_path(args.model)
-    table = measure_rung_quality(model, tok, path, n_texts=args.texts, context=args.context,
-                                 about=args.model or "gemma3", log=lambda s: print(s, file=sys.stderr))
+    try: table = measure_rung_quality(model, tok, path, n_texts=args.texts, context=args.context,
+                                      about=args.model or "gemma3", log=lambda s: print(s, file=sys.stderr))
+    except ValueError as e:                                      # the texts: too few, or too short, for the asking
+        if "needed" not in str(e): raise
+        raise CLIError(f"--texts {args.texts} --context {args.context}: {e} (ask for fewer texts or a shorter "
+                       "context)") from None
     for (w, g), v in table.items(): print(f"{w}/{g} bits (windowed/global): {v:+.2f} % perplexity")
     print(f"rung table: {path} (use it with --kv-quality {shlex.quote(str(path))})")
     return 0

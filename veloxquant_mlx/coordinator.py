@@ -349,8 +349,7 @@ def fraction_budgets(n_tokens:int, # the prompt's length
                      reserve:list|None=None, # per-layer bytes held beyond the budget, in bf16 token slots
                     )->list:
     "Per-layer budgets whose bytes stay within `fraction` of the full cache's, none above its full: all of it spent."
-    _check_real("fraction", fraction, 0.0, 1.0)
-    if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
+    _check_real("fraction", fraction, 0.0, 1.0, above=True)
     _check_int("n_tokens", n_tokens, 1)
     budgets, why = _fraction_split(n_tokens, fraction, windows, n_sink, window_budget, slot_bytes, reserve)
     if why: raise ValueError(why)
@@ -436,8 +435,7 @@ class KVFraction(Schedule):
     kv_scheme:str = DEFAULT_SCHEME # the layout (`layout`): its full-precision residual is priced in `reserve`
     name:ClassVar[str] = "kv_fraction"
     def __post_init__(self):
-        _check_real("fraction", self.fraction, 0.0, 1.0)
-        if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
+        _check_real("kv_fraction", self.fraction, 0.0, 1.0, above=True)
         if self.window_budget is not None: _check_int("window_budget", self.window_budget, 1)
 
 # %% ../nbs/04_coordinator.ipynb #830649ea

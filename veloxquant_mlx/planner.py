@@ -121,8 +121,7 @@ class _Ask(NamedTuple):
 
 def _ask(n_tokens:int, fraction:float, windows:list)->_Ask:
     "The question, checked once where it enters: a share in (0, 1], at least one token."
-    _check_real("fraction", fraction, 0.0, 1.0)
-    if fraction == 0: raise ValueError("`fraction` must be in (0, 1], got 0")
+    _check_real("fraction", fraction, 0.0, 1.0, above=True)
     full = full_slots(_check_int("n_tokens", n_tokens, 1), windows)
     return _Ask(n_tokens, fraction, list(windows), full, [i for i, w in enumerate(windows) if w is None])
 
@@ -357,8 +356,7 @@ class KVPlan(Schedule):
     quality:str|dict|None = "measured" # rung table: "measured" (`rung_quality`), a table, or None (the bare ladder)
     name:ClassVar[str] = "kv_plan"
     def __post_init__(self):
-        _check_real("fraction", self.fraction, 0.0, 1.0)
-        if self.fraction == 0: raise ValueError("`kv_fraction` must be in (0, 1], got 0")
+        _check_real("kv_fraction", self.fraction, 0.0, 1.0, above=True)
         self.settings(4)                                   # every setting checked where it is given
         _check_quality(self.quality)
     def settings(self, n_sink:int)->PlanSettings:

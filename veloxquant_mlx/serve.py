@@ -692,6 +692,8 @@ def serve_from_args(args, err=None)->int:
         raise CLIError(f"--method {args.method}: serve an eviction method, or 'full' (mlx-lm's own caches)")
     choices = request_choices(args, parse_allowed(args.allow_request)) if args.allow_request else None
     if not 0 <= args.port <= 65535: raise CLIError(f"--port {args.port}: must be in [0, 65535] (0: any free port)")
+    for flag, v in (("--max-prompt-tokens", args.max_prompt_tokens), ("--max-tokens-limit", args.max_tokens_limit)):
+        if v is not None and v < 1: raise CLIError(f"{flag} {v}: must be a positive integer")
     model, tok = load_cli_model(args.model)
     if args.model and args.model.startswith("tiny:"): tok = tiny_tokenizer()
     rest = [a for a in args.server_args if a != "--"]
