@@ -46,7 +46,7 @@ class LayerSpec:
 class FittedWarning(UserWarning):
     "A layer keeps less of a parameter than was asked: its budget is too small for it."
 
-_FIT_SAID = set()  # (parameter, asked, budget, sinks) already said: a server adopting budgets says each once
+_FIT_SAID = set()  # (parameter, asked) already said: a server adopting budgets prompt after prompt says each once
 
 def fit(policy:Policy, # the layer's policy
         budget:int, # the budget it must live in
@@ -58,12 +58,15 @@ def fit(policy:Policy, # the layer's policy
     fitted = policy.fitted(budget, n_sink)
     r = max(0, min(recent, budget - n_sink - 1))
     s = max(0, min(slack, budget - n_sink - max(r + 1, fitted.obs_window)))
-    for name, asked, got in (("obs_window", policy.obs_window, fitted.obs_window), ("recent", recent, r),
-                             ("slack", slack, s)):
-        if got < asked and (name, asked, budget, n_sink) not in _FIT_SAID:      # said once per process
-            _FIT_SAID.add((name, asked, budget, n_sink))
+    default = getattr(type(policy), "__dataclass_fields__", {}).get("obs_window")
+    said = (("obs_window", policy.obs_window, fitted.obs_window, default is None or policy.obs_window != default.default),
+            ("recent", recent, r, True),
+            ("slack", slack, s, slack > budget - n_sink - 1))    # (a slack the window and recent squeeze is the rule)
+    for name, asked, got, say in said:
+        if say and got < asked and (name, asked) not in _FIT_SAID:                # said once per process
+            _FIT_SAID.add((name, asked))
             warnings.warn(f"`{name}`={asked} does not fit a layer of {budget} tokens beside {n_sink} sinks: it keeps "
-                          f"{got}", FittedWarning, stacklevel=2)
+                          f"{got} (smaller layers keep less)", FittedWarning, stacklevel=2)
     return fitted, r, s
 
 # %% ../nbs/03_cache.ipynb #23c00af3
