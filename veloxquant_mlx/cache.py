@@ -59,7 +59,8 @@ def fit(policy:Policy, # the layer's policy
     r = max(0, min(recent, budget - n_sink - 1))
     s = max(0, min(slack, budget - n_sink - max(r + 1, fitted.obs_window)))
     default = getattr(type(policy), "__dataclass_fields__", {}).get("obs_window")
-    said = (("obs_window", policy.obs_window, fitted.obs_window, default is None or policy.obs_window != default.default),
+    own = default is None or policy.obs_window != default.default               # a window other than the default
+    said = (("obs_window", policy.obs_window, fitted.obs_window, own),
             ("recent", recent, r, True),
             ("slack", slack, s, slack > budget - n_sink - 1))    # (a slack the window and recent squeeze is the rule)
     for name, asked, got, say in said:
