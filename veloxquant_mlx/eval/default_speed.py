@@ -203,7 +203,8 @@ def speed_headline(res:dict, # a run's `results`
             got = [f"{cell[k]['speed']:.2f}x{every(cell[k])} at {k.split('@')[1]}" for k in kinds if k in cell]
             was = (f" (before: {cell[before]['speed']:.2f}x{every(cell[before])} at {before.split('@')[1]})"
                    if before in cell else "")
-            pre = f", prefill {cell[kinds[0]]['prefill']:.2f}x the full cache's time" if kinds[0] in cell else ""
+            pre = (f", and prefill took {cell[kinds[0]]['prefill']:.2f}x the full cache's time" if kinds[0] in cell
+                   else "")
             parts.append(f"{n:,} tokens: " + ", ".join(got) + was + pre)
         out.append(f"{NAMES.get(m, m)}: " + "; ".join(parts))
     return ". ".join(out) + "."
@@ -216,7 +217,7 @@ def plot_default_speed(res:dict):
     import matplotlib.pyplot as plt
     rows, models = speed_rows(res), list(res)
     key = "pipe_speed" if all(r["pipe_speed"] for r in rows) else "mean_speed"
-    fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 3.8), squeeze=False)  # shown unscaled
+    fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 5.2), squeeze=False)  # shown unscaled
     for ax, m in zip(axes[0], models):
         for k in dict.fromkeys(r["kind"] for r in rows if r["model"] == m):
             pts = sorted((r["context"], r[key] or r["speed"]) for r in rows if r["model"] == m and r["kind"] == k)
@@ -225,9 +226,7 @@ def plot_default_speed(res:dict):
         how = "as mlx-lm decodes" if key == "pipe_speed" else "every step"
         ax.set(xlabel="prompt tokens", ylabel=f"tokens/s / full cache's ({how})", title=NAMES.get(m, m))
         ax.set_xticks(sorted({r["context"] for r in rows if r["model"] == m}))
-        lo, hi, n = *ax.get_ylim(), len(ax.get_lines()) - 1               # (the line at 1 is no kind)
-        ax.set_ylim(lo, hi + (0.1 + 0.1 * -(-n // 2)) * (hi - lo))       # room above the lines for the legend
-        ax.legend(fontsize=9, loc="upper left", ncol=2)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)   # below: it hides no point
     fig.tight_layout()
     return fig
 

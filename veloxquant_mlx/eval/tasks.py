@@ -264,6 +264,10 @@ def plot_frontier(res:dict, # results of `every_task`
         ax.set_xlabel("share of the full cache's bf16 bytes", fontsize=10)
         ax.tick_params(labelsize=9)
     axes[0].legend(fontsize=8)
+    s = res.get("settings", {})
+    if "model" in s:                                     # which model and prompts, on the figure itself
+        fig.suptitle(f"{s['model']}: {s['n_tokens']:,}-token key prompts, 256 tokens scored after {s['context']:,}",
+                     fontsize=11)
     fig.tight_layout()
     if path: fig.savefig(path, dpi=110)
     return fig
