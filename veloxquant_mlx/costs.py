@@ -12,8 +12,8 @@ from .policies import ChunkKV
 from .cache import EvictingCache, cache_arrays
 
 # %% auto #0
-__all__ = ['SHAPES', 'STEP_COSTS', 'attention_ms', 'layer_step_ms', 'fit_line', 'measure_costs', 'device_costs', 'plan_price',
-           'slowest']
+__all__ = ['SHAPES', 'STEP_COSTS', 'attention_ms', 'layer_step_ms', 'fit_line', 'measure_costs', 'device_costs', 'costs_table',
+           'plan_price', 'slowest']
 
 # %% ../nbs/03c_costs.ipynb #7d573a54
 def attention_ms(bits:int|None, # None: mlx-lm's full cache; 16: a float layer of ours; else a KIVI width
@@ -82,7 +82,9 @@ def layer_step_ms(bits:int|None, # None: mlx-lm's KVCache; 16: a float layer of 
 # %% ../nbs/03c_costs.ipynb #282d4c29
 SHAPES = ((3, 3, 64), (1, 4, 256))  # (KV heads, query heads per KV head, head_dim): SmolLM2's and Gemma 3's
 
-def fit_line(lengths:tuple, ms:list)->tuple:
+def fit_line(lengths:tuple, # the x values (token counts), two or more distinct
+             ms:list, # the y values (milliseconds), one per length
+            )->tuple:
     "(intercept, slope) of the least-squares line through the (length, ms) points."
     n, mx_, my = len(lengths), sum(lengths) / len(lengths), sum(ms) / len(ms)
     slope = sum((x - mx_) * (y - my) for x, y in zip(lengths, ms)) / sum((x - mx_) ** 2 for x in lengths)
@@ -128,6 +130,14 @@ def device_costs(head_dim:int, # the model's head_dim (the nearest measured tabl
     if not tables: return None
     return tables[min(tables, key=lambda h: (abs(math.log2(h / head_dim)), h))]
 
+def costs_table(res:dict, # what `measure_costs` returned (or `step_costs.json` read back)
+                head_dim:int, # the model's head_dim (the nearest measured table is used)
+               )->dict:
+    "A measured result as the planner's price table: width (or 'full') -> (fixed, per token), as `device_costs` gives."
+    tables = res["by_head_dim"]
+    h = min(tables, key=lambda k: (abs(math.log2(int(k) / head_dim)), int(k)))
+    return {("full" if k == "full" else int(k)): tuple(v) for k, v in tables[h].items()}
+
 # %% ../nbs/03c_costs.ipynb #c1628fcf
 def plan_price(bits:list, # per-layer width (None or 16: float; "full": mlx-lm's own cache)
                budgets:list, # per-layer tokens held
@@ -137,6 +147,8 @@ def plan_price(bits:list, # per-layer width (None or 16: float; "full": mlx-lm's
     price = lambda b, t: costs[16 if b is None else b][0] + t * costs[16 if b is None else b][1]
     return sum(price(b, t) for b, t in zip(bits, budgets))
 
-def slowest(bits:list, costs:dict)->int:
+def slowest(bits:list, # per-layer widths (None or 16: float)
+            costs:dict, # width -> (fixed, per token) (`device_costs`)
+           )->int:
     "The width of a plan with the highest per-token price."
     return max({16 if b is None else b for b in bits}, key=lambda b: costs[b][1])
