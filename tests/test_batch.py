@@ -26,6 +26,7 @@ CONFIGS = {
     "snapkv-chunk": dict(method="snapkv", compress="chunk"), "squeeze-chunk": dict(method="squeeze", compress="chunk"),
     "tova-chunk": dict(method="tova", compress="chunk"), "h2o-slack": dict(method="h2o", slack=4),
     "streamingllm-slack": dict(method="streamingllm", slack=3), "h2o-fraction": dict(method="h2o", kv_fraction=0.5),
+    "keynorm": dict(method="keynorm"), "mean-attention": dict(method="mean-attention"),
 }
 MODELS = {}
 
@@ -60,6 +61,12 @@ def alone_and_late_joiner(model, cfg):
 
 CASES = [("gemma3", n) for n in CONFIGS] + [("llama", n) for n in ("h2o", "squeeze", "tova", "snapkv-chunk",
                                                                      "h2o-fraction")]
+
+def test_every_registered_method_is_batched_here():
+    "A method added to the registry is a case of the batch tests (a forgotten one fails here, not in a user's server)."
+    from veloxquant_mlx.methods import METHODS
+    covered = {kw["method"] for kw in CONFIGS.values()}
+    assert {m.name for m in METHODS.values() if not m.baseline} <= covered, covered
 
 @pytest.mark.parametrize("arch,name", CASES)
 def test_rows_equal_alone_with_a_late_joiner(arch, name):

@@ -270,7 +270,7 @@ def _before_update(self:EvictingCache, keys):
 # %% ../nbs/03_cache.ipynb #1232b873
 @patch
 def _grow(self:EvictingCache, n_new:int):
-    "Make room for `n_new` more tokens in place (steps of `step`, never beyond the budget)."
+    "Make room for `n_new` more tokens in place (steps of `_GROW_STEP`, never beyond the budget)."
     need, cap = self.count + n_new, self.positions.shape[2]
     if need <= cap: return
     new_cap = _GROW_STEP * math.ceil(need / _GROW_STEP)
