@@ -13,7 +13,8 @@ _preload_openblas()
 # %% ../nbs/09_api.ipynb #bd251bfe
 from .proxy import concentration_score, layer_concentration
 from .allocators import pyramid_budgets, squeeze_budgets, allocate_exact
-from .policies import Policy, KeyProxy, CumulativeAttention, ObservationWindow, LastQuery, Recency, ChunkKV
+from .policies import (Policy, KeyProxy, CumulativeAttention, ObservationWindow, LastQuery, Recency, ChunkKV,
+                                     KeyNorm, MeanAttention, View)
 from .storage import Storage, FloatStorage, GroupStorage, KiviStorage, make_storage
 from .cache import EvictingCache, LayerSpec, install_attention_hook, remove_attention_hook
 from .coordinator import Schedule, Uniform, Pyramid, Squeeze, SqueezeCoordinator
@@ -23,7 +24,8 @@ from .builder import KVCacheConfig, KVCacheFactory, KVCacheBuilder, cache_summar
 from .batch import BatchEvictingCache
 import veloxquant_mlx.serve  # registers `veloxquant serve` with the CLI (the CLI never imports the server)
 __all__ = ["concentration_score", "layer_concentration", "pyramid_budgets", "squeeze_budgets", "allocate_exact",
-           "Policy", "KeyProxy", "CumulativeAttention", "ObservationWindow", "LastQuery", "Recency", "ChunkKV",
+           "Policy", "View", "KeyProxy", "CumulativeAttention", "ObservationWindow", "LastQuery", "Recency", "ChunkKV",
+           "KeyNorm", "MeanAttention",
            "Storage", "FloatStorage", "GroupStorage", "KiviStorage", "make_storage",
            "EvictingCache", "LayerSpec", "BatchEvictingCache", "H2OCache", "PyramidKVCache", "SnapKVCache", "SqueezeAttentionCache",
            "install_attention_hook", "remove_attention_hook",
