@@ -420,6 +420,7 @@ def _is_ours(f): return f is _ORIGINAL_SDPA or getattr(f, "_veloxquant_hook", Fa
 
 # %% ../nbs/03_cache.ipynb #fe5d3930
 def _model_modules():
+    "The loaded mlx-lm model modules whose attention name is mlx-lm's function or our hook (the ones to switch)."
     import sys
     return [m for n, m in list(sys.modules.items()) if n.startswith("mlx_lm.models.") and m is not None
             and m is not mlx_base and _is_ours(getattr(m, "scaled_dot_product_attention", None))]
