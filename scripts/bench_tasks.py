@@ -19,6 +19,7 @@ def rows_at(shares):
         rows[f"bytes-plan@{f}"] = recommended_config(f, slack=0)      # the default before time was priced
         rows[f"bytes-plan-q@{f}"] = recommended_config(f)            # the default where no time prices exist (a GPU)
         rows[f"slack63@{f}"] = recommended_config(f, slack=63)       # the default with a choice per KIVI group
+        rows[f"slack15@{f}"] = recommended_config(f, slack=15)       # the default with a choice per 16 steps
         rows[f"rot@{f}"] = recommended_config(f)                     # the default with its values rotated (a lever)
         rows[f"dw8@{f}"] = recommended_config(f, decode_window=8)    # decoding choices measure the 8 newest queries
         rows[f"rewindow@{f}"] = recommended_config(f, decode_window=None)   # every decoding choice: the whole window
@@ -116,7 +117,7 @@ def main():
                            **{k: v for k, v in kw.items() if k not in ("tasks", "kinds")}, tasks=list(kw["tasks"]),
                            kinds=list(kw["kinds"]))
     save = lambda out: Path(a.out).write_text(json.dumps(dict(out, settings=settings()), indent=1))
-    built, labels = builders(configs), {k: c.label for k, c in configs.items()}
+    built, labels = builders(configs), {k: c.on(model).label for k, c in configs.items()}   # as built (its slack)
     if a.rungs:                                      # the planner's rung table: every prompt token at each rung
         from veloxquant_mlx.eval.tasks import rung_rows
         from veloxquant_mlx.planner import LADDER

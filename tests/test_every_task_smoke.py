@@ -32,8 +32,8 @@ def test_default_row_reproduces_the_committed_study():
     from veloxquant_mlx.models import load_embedded_model
     want = json.loads(RESULTS.read_text())
     s = want["settings"]
-    assert want["settings"]["rows"][ROW] == recommended_config(0.25).label, "the committed study ran another default"
     model, tok = load_embedded_model("smollm2", progress=False)
+    assert s["rows"][ROW] == recommended_config(0.25).on(model).label, "the committed study ran another default"
     got = every_task(model, tok, {ROW: config_row(recommended_config(0.25))}, n_prompts=1, n_texts=1,
                      n_tokens=s["n_tokens"], context=s["context"], tasks={"second": KEY_TASKS["second"]},
                      log=lambda *_: None)

@@ -107,7 +107,8 @@ def test_the_label_names_every_labelled_field_and_reads_back(tmp_path):
     assert labelled == list(cli.CONFIG_FIELDS[2:])        # every option but the budget and the sinks, in field order
     c = KVCacheConfig.for_method("h2o", 64, n_recent=2, compress="chunk", slack=1, window_budget=20, kv_bits=4,
                                  kv_group_size=32, kv_scheme="group", schedule="uniform")
-    f = KVCacheConfig.for_method("snapkv", kv_fraction=0.5, window_method="tova", kv_bits=4, window_kv_bits=8)
+    f = KVCacheConfig.for_method("snapkv", kv_fraction=0.5, window_method="tova", kv_bits=4, window_kv_bits=8,
+                                 global_slack=15)
     q = KVCacheConfig.for_method("chunkkv", kv_fraction=0.25, kv_bits="auto", kv_quality=str(tmp_path / "rungs.json"))
     named = {part.split("=")[0] for x in (c, f, q) for part in x.label.split("[")[1].rstrip("]").split(",")}
     assert named == set(labelled)

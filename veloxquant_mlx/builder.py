@@ -20,8 +20,8 @@ from .allocators import _check_real
 from .storage import make_storage, check_kv_format, bf16_nbytes, DEFAULT_SCHEME
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'DEFAULT_SLACK', 'RECOMMENDED', 'knob',
-           'field_type', 'KVCacheConfig', 'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks',
+__all__ = ['SCHEDULES', 'DEFAULT_SCORE', 'DEFAULT_SIGNAL', 'DEFAULT_FRACTION', 'DEFAULT_SLACK', 'GLOBAL_SLACK', 'RECOMMENDED',
+           'knob', 'field_type', 'KVCacheConfig', 'recommended_config', 'KVCacheFactory', 'install_hidden_signal_hooks',
            'KVCacheBuilder', 'coordinator_of', 'cache_summary', 'kv_nbytes_bf16', 'tiny_model', 'prompt_logits',
            'greedy', 'record_attention']
 
@@ -65,6 +65,8 @@ class KVCacheConfig:
     compress:str = knob("prompt_end", choices=COMPRESS)
     # a choice keeps budget - slack tokens; the next slack evict nothing (the answer being copied)
     slack:int = knob(0)
+    # the slack instead, on a model whose every attention layer is global (None: `slack`); `for_model` decides
+    global_slack:int|None = knob(None)
     # keep this share of the full cache's bytes (at bf16), set when the prompt's length is known (instead of
     # `budget`); the default method spends it on bits and tokens together
     kv_fraction:float|None = knob(None)
@@ -180,6 +182,7 @@ def _check_shared(self:KVCacheConfig):
         raise ValueError(f"`compress` must be one of {COMPRESS}, got {self.compress!r}")
     if self.head_dim is not None: _check_int("head_dim", self.head_dim, 1)
     _check_int("n_sink", self.n_sink, 0)
+    if self.global_slack is not None: _check_int("global_slack", self.global_slack, 0)
     self._check_kv()
 
 # %% ../nbs/05_builder.ipynb #e8a26257
@@ -330,6 +333,7 @@ def from_label(cls:KVCacheConfig, label:str, # e.g. "pyramidkv[score=key_proxy,b
 # %% ../nbs/05_builder.ipynb #a8059f98
 DEFAULT_FRACTION = 0.25  # the share of the full cache kept when neither a fraction nor a budget is given
 DEFAULT_SLACK = 7  # a full layer evicts `slack + 1` tokens at once: a choice per 8 steps, 7 float tokens per layer
+GLOBAL_SLACK = 15  # where every layer is global: a choice per 16 steps (the section below says why)
 RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", kv_bits="auto",
                    params=dict(chunk=16,   # measured: every task, two families each (the every-task page)
                                decode_window=0))  # a decoding choice: the mass the steps accumulated (the speed page)
@@ -345,9 +349,10 @@ def recommended_config(kv_fraction:float|None=None, # share of the full cache's 
     if kv_fraction is None: fields["kv_bits"] = None                      # tokens per layer: evict, in float
     method = overrides.pop("method", fields.pop("method"))
     if method != RECOMMENDED["method"]: fields["params"] = {}
+    if kv_fraction is not None:       # a choice per 8 steps (16 where every layer is global); a slack asked for: any
+        fields.update(slack=DEFAULT_SLACK, global_slack=None if "slack" in overrides else GLOBAL_SLACK)
     for k in list(overrides):
         if k in KVCacheConfig.__dataclass_fields__: fields[k] = overrides.pop(k)
-    if kv_fraction is not None: fields.setdefault("slack", DEFAULT_SLACK)   # evict every 8 steps
     fields["params"].update(overrides)
     return KVCacheConfig(method=method, budget=budget, kv_fraction=kv_fraction, **fields)
 
@@ -501,6 +506,18 @@ def _plan(model, config:KVCacheConfig, slots:list, unpacked:bool)->tuple:
     if getattr(co, "signal", None) == "hidden_cosine": install_hidden_signal_hooks(model, [i for i, _ in slots])
     return ([None] * len(slots) if co is not None else plan), co
 
+# %% ../nbs/05_builder.ipynb #186e3dd5
+@patch
+def for_layers(self:KVCacheConfig, windows:list)->KVCacheConfig: # each attention slot's window (None: global)
+    "This config as built for layers of `windows`: with `slack` = `global_slack` where every layer is global."
+    if self.global_slack is None: return self
+    return replace(self, slack=self.global_slack if all(w is None for w in windows) else self.slack, global_slack=None)
+
+@patch
+def on(self:KVCacheConfig, model)->KVCacheConfig: # an mlx-lm model
+    "This config as `KVCacheBuilder.for_model` builds it for `model` (what a report names)."
+    return self.for_layers([w for _, w in _attention_slots(_base_caches(model))])
+
 # %% ../nbs/05_builder.ipynb #1b05993b
 class KVCacheBuilder:
     "Builds the per-layer cache list of a model for a config."
@@ -514,6 +531,7 @@ class KVCacheBuilder:
         hd, unpacked = _model_storage(model, config)
         if config.entry.baseline: return config.entry.build(model, config)
         base, slots = _slots_of(model, config, hd)
+        config = config.for_layers([w for _, w in slots])                       # the slack these layers get
         budgets, co = _plan(model, config, slots, unpacked)
         caches = list(base)
         for j, ((i, w), b) in enumerate(zip(slots, budgets)):

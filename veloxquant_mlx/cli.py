@@ -241,7 +241,7 @@ def run_method(model, tokenizer, ids:list, o:RunOptions, on_text=None)->dict:
     kv16, full16 = sum(l["nbytes_bf16"] for l in layers), sum(l["full_nbytes_bf16"] for l in layers)
     held = sum(l["logical_nbytes"] for l in layers)
     co = coordinator_of(caches)
-    return dict(text="".join(text), method=cfg.method, label=cfg.label, params=cfg.params,
+    return dict(text="".join(text), method=cfg.method, label=cfg.on(model).label, params=cfg.params,
                 budget=cfg.budget if cfg.entry.budgeted else None, kv_fraction=cfg.kv_fraction, n_sink=cfg.n_sink,
                 prompt_tokens=len(ids), kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size, kv_scheme=cfg.kv_scheme,
                 generated_tokens=last.generation_tokens, layers=layers, kv_bytes=kv, kv_bytes_held=held,

@@ -187,7 +187,7 @@ def check_prompt(n_tokens:int, # the prompt's length in the model's tokens
                                 f"{limits.max_prompt_tokens} tokens")
     why = prompt_shortfall(n_tokens, config, windows)
     if why: raise RequestError(400, f"the prompt is {n_tokens} tokens, too short for this server's cache "
-                                    f"configuration {config.label}: {why}")
+                                    f"configuration {config.for_layers(windows).label}: {why}")
 
 # %% ../nbs/07a_serve.ipynb #a51d5e41
 def shortest_prompt(config, # the served `KVCacheConfig`
@@ -704,7 +704,7 @@ def serve_from_args(args, err=None)->int:
     budget = "" if cfg.budget is None else f", budget {cfg.budget}"
     _stop_on_signals()                       # before the line that says where it listens: a caller may signal on it
     try:
-        print(f"veloxquant serve: {cfg.label}{budget} on {srv.url}", file=err, flush=True)
+        print(f"veloxquant serve: {cfg.on(model).label}{budget} on {srv.url}", file=err, flush=True)
         srv.serve_forever()                 # serves until SIGINT or SIGTERM, then stops the server
     except KeyboardInterrupt: srv.stop()    # signalled before serving began (or again while stopping)
     # the server has stopped and freed what it holds; the process ends here, without the interpreter's teardown, in

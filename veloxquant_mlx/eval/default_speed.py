@@ -25,6 +25,7 @@ SHARE_KINDS = {  # a kind `name@share` is `recommended_config(share, **SHARE_KIN
     "default": {},
     "per-step": dict(slack=0),                # one eviction per decoding step
     "slack63": dict(slack=63),                # a choice per 64 steps
+    "slack7": dict(slack=7),                  # a choice per 8 steps on every model (all-global ones too)
     "rewindow": dict(decode_window=None),     # every decoding choice measures the whole observation window again
     "bytes-plan": dict(slack=0),              # with the planner's time prices off (below): widths priced in bytes alone
     "float": dict(kv_bits=None)}              # eviction alone, in the model's dtype
@@ -121,6 +122,7 @@ QUICK = dict(contexts={"smollm2": (1024, 2048)}, steps=6,
 def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
             long_kinds:tuple|None=LONG_KINDS, # the kinds past 4,096 tokens (None: `kinds`)
             on_context=None, # called with the results so far after every context (to save them as they come)
+            blocks:int=3, # pipelined runs per kind (`run_context`)
            )->dict:
     "Every model at every context: `run_context` results keyed by model and context."
     from veloxquant_mlx.models import load_embedded_model, prose_text
@@ -133,7 +135,7 @@ def run_all(contexts:dict=CONTEXTS, kinds:tuple=KINDS, steps:int=16, log=print,
         pick = lambda n: kinds if n <= 4096 or long_kinds is None else tuple(k for k in kinds if k in long_kinds)
         out[name] = {}
         for n in lengths:
-            out[name][str(n)] = run_context(model, ids[:n], pick(n), steps, log=log)
+            out[name][str(n)] = run_context(model, ids[:n], pick(n), steps, log=log, blocks=blocks)
             if on_context: on_context(out)
         del model
     return out
@@ -218,10 +220,12 @@ def plot_default_speed(res:dict):
     rows, models = speed_rows(res), list(res)
     key = "pipe_speed" if all(r["pipe_speed"] for r in rows) else "mean_speed"
     fig, axes = plt.subplots(1, len(models), figsize=(4.3 * len(models), 5.2), squeeze=False)  # shown unscaled
+    colour = {k: f"C{i % 10}" for i, k in enumerate(dict.fromkeys(r["kind"] for r in rows))}   # one in every panel
     for ax, m in zip(axes[0], models):
         for k in dict.fromkeys(r["kind"] for r in rows if r["model"] == m):
             pts = sorted((r["context"], r[key] or r["speed"]) for r in rows if r["model"] == m and r["kind"] == k)
-            ax.plot(*zip(*pts), marker="o", label=k, linestyle="--" if k.startswith("bytes-plan") else "-")
+            dash = "--" if k.startswith("bytes-plan") else "-"
+            ax.plot(*zip(*pts), marker="o", label=k, color=colour[k], linestyle=dash)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         how = "as mlx-lm decodes" if key == "pipe_speed" else "every step"
         ax.set(xlabel="prompt tokens", ylabel=f"tokens/s / full cache's ({how})", title=NAMES.get(m, m))
@@ -480,6 +484,7 @@ def main(argv=None):
     ap.add_argument("--long-kinds", default=None,
                     help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
     ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 24: three choices)")
+    ap.add_argument("--blocks", type=int, default=3, help="pipelined runs per kind, interleaved (whole choice cycles)")
     ap.add_argument("--plot", default=None, help="comma-separated result files: only their figure (`plot_runs`) "
                     "at --image, of --kinds if given")
     ap.add_argument("--cold", action="store_true", help="only `cold_start`: the main command on an empty kernel cache "
@@ -525,9 +530,9 @@ def main(argv=None):
         settings = dict(quick=a.quick, steps=cfg["steps"], kinds=list(cfg["kinds"]),
                         long_kinds=list(cfg["long_kinds"] or []),
                         contexts={k: list(v) for k, v in cfg["contexts"].items()}, device=str(mx.default_device()),
-                        seconds=round(time.time() - t0))
+                        blocks=a.blocks, seconds=round(time.time() - t0))
         json.dump(dict(results=res, settings=settings), open(a.out, "w"), indent=1)
     res = run_all(cfg["contexts"], cfg["kinds"], cfg["steps"], log=lambda s: print(s, file=sys.stderr),
-                  long_kinds=cfg["long_kinds"], on_context=save)
+                  long_kinds=cfg["long_kinds"], on_context=save, blocks=a.blocks)
     for m in res: print(f"\n{m}\n" + markdown_speed_table(res, m))
     if a.image: plot_default_speed(res).savefig(a.image, dpi=100)

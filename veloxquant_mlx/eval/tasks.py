@@ -14,10 +14,10 @@ from ..models import prose_text
 from . import prompts as P, measure as M, batching as B
 
 # %% auto #0
-__all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'code_text', 'continuation_texts', 'KeyFamily', 'key_set',
-           'config_row', 'key_answers', 'continuation_nll', 'every_task', 'task_table', 'markdown_task_table',
-           'plot_frontier', 'every_task_headline', 'default_rows_note', 'table_row', 'ppl_changes', 'hits', 'rung_rows',
-           'rung_changes', 'measure_rung_quality']
+__all__ = ['CONTINUATION', 'KEY_FAMILIES', 'KEY_TASKS', 'TEXT_KINDS', 'ALL_GLOBAL_MODELS', 'code_text', 'continuation_texts',
+           'KeyFamily', 'key_set', 'config_row', 'key_answers', 'continuation_nll', 'every_task', 'task_table',
+           'markdown_task_table', 'plot_frontier', 'every_task_headline', 'default_rows_note', 'table_row',
+           'ppl_changes', 'hits', 'rung_rows', 'rung_changes', 'measure_rung_quality']
 
 # %% ../../nbs/15_every_task.ipynb #74601d9d
 def code_text(n_chars:int, # roughly how many characters of source to return
@@ -287,9 +287,13 @@ def every_task_headline(res:dict, # results of `every_task`
     return "; ".join(out) + "."
 
 # %% ../../nbs/15_every_task.ipynb #a4761bfd
+ALL_GLOBAL_MODELS = ("SmolLM2",)  # the embedded models (a run's `model` setting starts so) whose every layer is global
+
 def default_rows_note(res:dict)->str: # results of `every_task` (with their settings)
-    "A sentence naming the configuration of `default@F` rows that ran another default than today's ('' if none did)."
-    today = lambda r: recommended_config(float(r.split("@")[1])).label
+    "A sentence naming the configuration of `default@F` rows that ran another default than today's on the run's model."
+    model = res.get("settings", {}).get("model", "")
+    windows = [None] if model.startswith(ALL_GLOBAL_MODELS) else [512, None]   # all global, or hybrid (Gemma 3)
+    today = lambda r: recommended_config(float(r.split("@")[1])).for_layers(windows).label
     rows = res.get("settings", {}).get("rows", {})
     old = [r for r, label in rows.items() if r.startswith("default@") and label != today(r)]
     if not old: return ""
