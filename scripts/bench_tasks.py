@@ -112,8 +112,9 @@ def main():
                kinds=tuple(k for k in a.kinds.split(",") if k))
     t0 = time.perf_counter()
     names = {"gemma-3-270m": "Gemma 3 270M", "smollm2-135m": "SmolLM2-135M-Instruct"}
+    windows = slot_windows(model)                        # the layers' windows: which default the model gets
     def settings(): return dict(model=f"{names[embedded_name(a.model)]} (float32, greedy)", shares=shares, quick=a.quick,
-                           rows=labels, seconds=round(time.perf_counter() - t0),
+                           windows=windows, rows=labels, seconds=round(time.perf_counter() - t0),
                            **{k: v for k, v in kw.items() if k not in ("tasks", "kinds")}, tasks=list(kw["tasks"]),
                            kinds=list(kw["kinds"]))
     save = lambda out: Path(a.out).write_text(json.dumps(dict(out, settings=settings()), indent=1))

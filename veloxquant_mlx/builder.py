@@ -333,7 +333,7 @@ def from_label(cls:KVCacheConfig, label:str, # e.g. "pyramidkv[score=key_proxy,b
 # %% ../nbs/05_builder.ipynb #a8059f98
 DEFAULT_FRACTION = 0.25  # the share of the full cache kept when neither a fraction nor a budget is given
 DEFAULT_SLACK = 7  # a full layer evicts `slack + 1` tokens at once: a choice per 8 steps, 7 float tokens per layer
-GLOBAL_SLACK = 15  # where every layer is global: a choice per 16 steps (the section below says why)
+GLOBAL_SLACK = 15  # where every layer is global: a choice per 16 steps (the section above says why)
 RECOMMENDED = dict(method="chunkkv", compress="prompt_end", window_method="streamingllm", kv_bits="auto",
                    params=dict(chunk=16,   # measured: every task, two families each (the every-task page)
                                decode_window=0))  # a decoding choice: the mass the steps accumulated (the speed page)

@@ -10,9 +10,9 @@ from fastcore.basics import patch
 from .h2o import attention_with_mass, query_mass, position_attention, visible, HeldArrays
 
 # %% auto #0
-__all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'PACKED_SPLIT', 'DEQUANTIZE_ROWS', 'check_kv_format', 'pack_bits',
-           'affine_params', 'encode_groups', 'quantize_groups', 'dequantize_groups', 'bf16_nbytes', 'Storage',
-           'FloatStorage', 'QuantizedStorage', 'split_quantized_matmul']
+__all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'PACKED_SPLIT_CPU', 'PACKED_SPLIT', 'DEQUANTIZE_ROWS', 'check_kv_format',
+           'pack_bits', 'affine_params', 'encode_groups', 'quantize_groups', 'dequantize_groups', 'bf16_nbytes',
+           'Storage', 'FloatStorage', 'QuantizedStorage', 'split_quantized_matmul']
 
 # %% ../nbs/03a_storage.ipynb #st000007
 KV_BITS = (2, 3, 4, 5, 6, 8)  # bits per stored element (what mx.quantized_matmul reads)
@@ -406,17 +406,19 @@ def _adopt(self:QuantizedStorage, keys, values):
     self._dims, self.dtype = (*keys.shape[:2], keys.shape[3], values.shape[3]), keys.dtype
 
 # %% ../nbs/03a_storage.ipynb #11296f3c
-PACKED_SPLIT = {"cpu": None, "gpu": None}  # per device: (parts, least multiply-adds cut), None: never (see above)
+PACKED_SPLIT_CPU = (2, 1 << 23, 2)  # two parts, for a product of 8M multiply-adds and 2 batch rows at least (see above)
+PACKED_SPLIT = {"cpu": PACKED_SPLIT_CPU, "gpu": None}  # per device: (parts, least multiply-adds, least batch rows cut)
 _MORE_STREAMS = {}                                  # device -> the streams made for the parts after the first
 
 def _on_device(table:dict): # a per-device setting: {"cpu": ..., "gpu": ...}
     "`table`'s entry for the default device's type."
     return table.get("gpu" if mx.default_device().type == mx.gpu else "cpu")
 
-def _split_parts(work:int)->int:
-    "Streams a packed product of `work` multiply-adds is split over on the default device (1: not split)."
+def _split_parts(work:int, # the product's multiply-adds
+                 rows:int=1)->int: # its batch rows (one packed matrix each)
+    "Streams a packed product is split over on the default device (1: not split)."
     at = _on_device(PACKED_SPLIT)
-    return 1 if at is None or work < at[1] else at[0]
+    return 1 if at is None or work < at[1] or rows < (at[2] if len(at) > 2 else 1) else at[0]
 
 def _streams(n:int)->list:
     "The current stream of the default device and `n - 1` more (made once, kept)."
@@ -432,7 +434,8 @@ def split_quantized_matmul(x, packed, scales, biases, # as `mx.quantized_matmul`
     "`mx.quantized_matmul`, cut between batch rows or packed rows over several streams when that is faster."
     qmm = lambda a, p, s, b: mx.quantized_matmul(a, p, s, b, transpose=transpose, group_size=group_size, bits=bits)
     R = packed.shape[-2]
-    n = _split_parts(math.prod(x.shape[:-1]) * R * packed.shape[-1] * 32 // bits) if parts is None else parts
+    rows = packed.shape[0] if packed.ndim >= 3 and x.shape[0] == packed.shape[0] else 1      # batch rows
+    n = _split_parts(math.prod(x.shape[:-1]) * R * packed.shape[-1] * 32 // bits, rows) if parts is None else parts
     if n < 1: raise ValueError(f"`parts` must be at least 1, got {n!r}")
     by_rows = packed.ndim < 3 or packed.shape[0] < n or x.shape[0] != packed.shape[0]    # else: cut between batch rows
     size = R if by_rows else packed.shape[0]

@@ -12,7 +12,8 @@ from .measure import machine_info
 __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'prompt_ids', 'prefill', 'staggered', 'generation_batch', 'decode_batch',
            'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
            'batch_headline', 'batch_details', 'evict_ratios', 'ratios_against', 'round_spread', 'ceiling_sweep',
-           'ceiling_ratio', 'ceiling_at_fit', 'plot_results', 'main', 'profile_main', 'markdown_step_profile']
+           'ceiling_ratio', 'ceiling_at_fit', 'plot_results', 'main', 'profile_main', 'markdown_step_profile',
+           'split_ab', 'split_main']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -459,3 +460,52 @@ def markdown_step_profile(runs:dict)->str: # name -> a `profile_main` result
         lines.append(f"| {name}, {a['rows']}, {a['length']:,} | {statistics.median(plain):,.0f} | {c['ms']:,.0f} | "
                      + " | ".join(cell(k) for k in keys) + " |")
     return "\n".join(lines)
+
+# %% ../../nbs/13a_eval_batch_bench.ipynb #539dc308
+def split_ab(model, ids:list, # a model and a prompt's token ids
+             label:str, # the evicting configuration's label (e.g. the default's as built on the model)
+             batches:tuple=(16, 48), rounds:int=3, steps:int=16, warmup:int=2,
+             threshold:int=1 << 23, # `PACKED_SPLIT`'s least multiply-adds for the "split" rows
+            )->dict:
+    "Tokens/s of B rows with packed products cut over two streams (`split`) and not (`off`), alternating; per B."
+    from statistics import median
+    from veloxquant_mlx import storage_base
+    from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder
+    pre = KVCacheBuilder.for_model(model, KVCacheConfig.from_label(label))
+    prefill(model, ids, pre, 2048)
+    keep, out = dict(storage_base.PACKED_SPLIT), {}
+    try:
+        for B in batches:
+            got = {"off": [], "split": []}
+            for r in range(rounds):
+                for k in (("off", "split") if r % 2 == 0 else ("split", "off")):
+                    storage_base.PACKED_SPLIT["cpu"] = (2, threshold) if k == "split" else None
+                    got[k].append(decode_batch(model, pre, ids[-1], B, steps, warmup)["tok_s"])
+            out[str(B)] = dict(got, ratio=median(got["split"]) / median(got["off"]))
+    finally: storage_base.PACKED_SPLIT.update(keep)
+    return out
+
+# %% ../../nbs/13a_eval_batch_bench.ipynb #44dc2267
+def split_main(argv=None):
+    "Command line: `python scripts/bench_packed_split.py [--models M,...] [--length N] [--out PATH]`."
+    import argparse
+    from veloxquant_mlx.builder import recommended_config
+    ap = argparse.ArgumentParser(description="a batch of the default, its packed products cut over two streams or not")
+    ap.add_argument("--models", default="smollm2=16,48;gemma3_270m=32", help="model=batches;... (rows per model)")
+    ap.add_argument("--length", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threshold", type=int, default=1 << 23)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    res = dict(machine=machine_info(), settings=vars(a), models={})
+    for spec in a.models.split(";"):
+        name, rows = spec.split("=")
+        model, tok = load_bench_model(name)
+        label = recommended_config(0.25).on(model).label
+        res["models"][name] = dict(label=label, batches=split_ab(model, prompt_ids(tok, a.length), label,
+                                                                tuple(int(b) for b in rows.split(",")), a.rounds,
+                                                                threshold=a.threshold))
+        for B, r in res["models"][name]["batches"].items(): print(f"{name} B={B}: split/off {r['ratio']:.3f}", r)
+        if a.out:
+            with open(a.out, "w") as f: json.dump(res, f, indent=1)
+    return res

@@ -14,8 +14,8 @@ from ..cache import EvictingCache, cache_arrays
 # %% auto #0
 __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'pipelined_steps',
            'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table',
-           'speed_headline', 'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile', 'split_decode',
-           'choice_profile', 'choice_costs', 'markdown_choice_profile', 'markdown_profile_table',
+           'speed_headline', 'speed_targets', 'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile',
+           'split_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile', 'markdown_profile_table',
            'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
@@ -92,13 +92,15 @@ def run_context(model, ids:list, # the prompt's token ids
     caches = {k: kind_caches(model, k) for k in kinds}
     pre = _read_prompt(model, ids, caches, chunk)
     one, samples = mx.array([[ids[-1]]]), {k: [] for k in kinds}
-    for s in range(steps + 2):                                        # the first steps end the prompt and warm up
+    cycle = {k: choice_cycle(caches[k]) for k in kinds}
+    alone = max([c * -(-steps // c) for c in cycle.values()], default=0)   # whole cycles of each kind, `steps` or more
+    for s in range(alone + 2):                                        # the first steps end the prompt and warm up
         for k in kinds:
             t = time.perf_counter()
             _sync(model(one, cache=caches[k]), caches[k])
             if s >= 2: samples[k].append(time.perf_counter() - t)
     last, pipe = {k: mx.array([ids[-1]]) for k in kinds}, {k: [] for k in kinds}
-    whole = {k: (c := choice_cycle(caches[k])) * -(-8 // c) for k in kinds}   # whole cycles, 8 steps at least
+    whole = {k: cycle[k] * -(-8 // cycle[k]) for k in kinds}          # whole cycles, 8 steps at least
     for _ in range(blocks):
         for k in kinds:
             times, last[k] = pipelined_steps(model, caches[k], last[k], 1 + whole[k])
@@ -109,7 +111,8 @@ def run_context(model, ids:list, # the prompt's token ids
     bits = lambda k: sorted({c.store.bits for c in caches[k] if hasattr(getattr(c, "store", None), "bits")})
     ms = lambda v: [1e3 * x for x in v]
     return {k: dict(prefill_s=pre[k], step_ms=1e3 * statistics.median(samples[k]),
-                    mean_ms=1e3 * statistics.mean(samples[k]), samples_ms=ms(samples[k]), bits=bits(k), note=plan(k),
+                    mean_ms=1e3 * statistics.mean(samples[k]), samples_ms=ms(samples[k]), cycle=cycle[k], bits=bits(k),
+                    note=plan(k),
                     **(dict(pipe_ms=1e3 * statistics.median(pipe[k]), pipe_samples_ms=ms(pipe[k])) if blocks else {}))
             for k in kinds}
 
@@ -151,7 +154,15 @@ def load_runs(*paths)->dict:
             results[m] = dict(sorted({**results.get(m, {}), **by_n}.items(), key=lambda kv: int(kv[0])))
     return dict(results=results, settings=[run["settings"] for run in runs])
 
-def _mean_ms(v:dict, key:str="samples_ms"): return statistics.mean(v[key]) if v.get(key) else None
+def _whole(v:dict, key:str="samples_ms")->list: # a kind's results, which samples
+    "The samples over whole choice cycles (the first ones) where the run recorded the kind's `cycle`, else all."
+    x, c = v.get(key) or [], v.get("cycle", 1)
+    return x[:len(x) // c * c]
+
+def _mean_ms(v:dict, key:str="samples_ms", n:int|None=None): # a kind's results, which samples, at most the first n
+    "Their mean over whole choice cycles (`_whole`); None if there are none."
+    x = _whole(v, key)[:n]
+    return statistics.mean(x) if x else None
 
 def speed_rows(res:dict)->list:
     "(model, context, kind, step ms, speed vs full: medians, means, means as mlx-lm decodes; prefill vs full) rows."
@@ -160,7 +171,8 @@ def speed_rows(res:dict)->list:
         for n, kinds in by_n.items():
             full = kinds["full"]
             for k, v in kinds.items():
-                m, fm = _mean_ms(v), _mean_ms(full)
+                m = _mean_ms(v)
+                fm = _mean_ms(full, n=len(_whole(v)))                  # the same steps (the kinds took turns)
                 p, fp = _mean_ms(v, "pipe_samples_ms"), _mean_ms(full, "pipe_samples_ms")
                 pipe = fp / p if p and fp else None                    # over every pipelined step, choices included
                 rows.append(dict(model=model, context=int(n), kind=k, step_ms=v["step_ms"],
@@ -193,7 +205,7 @@ def _also(r:dict, mean:str, pipe:str)->str: # formats for the mean speed and the
 
 def speed_headline(res:dict, # a run's `results`
                    kinds:tuple=("default@0.25", "default@0.125"), # the rows to describe
-                   before:str="rewindow@0.25", # the row it replaced (the previous default)
+                   before:tuple|str=("slack7@0.25", "rewindow@0.25"), # the rows it replaced: the first a run has
                   )->str:
     "Per model and context: each kind's decode speed and prefill time against the full cache's."
     rows, out = speed_rows(res), []
@@ -203,13 +215,35 @@ def speed_headline(res:dict, # a run's `results`
             cell = {r["kind"]: r for r in rows if r["model"] == m and r["context"] == n}
             every = lambda r: _also(r, "{:.2f}x over every step", "{:.2f}x as mlx-lm decodes")
             got = [f"{cell[k]['speed']:.2f}x{every(cell[k])} at {k.split('@')[1]}" for k in kinds if k in cell]
-            was = (f" (before: {cell[before]['speed']:.2f}x{every(cell[before])} at {before.split('@')[1]})"
-                   if before in cell else "")
+            b = next((b for b in ((before,) if isinstance(before, str) else before) if b in cell), None)
+            was = (f" (before, `{b.split('@')[0]}`: {cell[b]['speed']:.2f}x{every(cell[b])} at {b.split('@')[1]})"
+                   if b else "")
             pre = (f", and prefill took {cell[kinds[0]]['prefill']:.2f}x the full cache's time" if kinds[0] in cell
                    else "")
             parts.append(f"{n:,} tokens: " + ", ".join(got) + was + pre)
         out.append(f"{NAMES.get(m, m)}: " + "; ".join(parts))
     return ". ".join(out) + "."
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #a2ab2b86
+def speed_targets(res:dict, # a run's `results` (2,048 tokens and a longest context per model)
+                  kinds:tuple=("default@0.25", "default@0.125"), # the rows the targets are for
+                  fast:dict={"smollm2": 1.3}, # model -> the speed it must reach at its longest context, an eighth
+                 )->str:
+    "A markdown line per model and target: each kind's figure and whether it met the target."
+    rows, out = speed_rows(res), []
+    for m in res:
+        cell = {(r["context"], r["kind"]): r for r in rows if r["model"] == m}
+        long = max(n for n, _ in cell)
+        checks = [(f"{2048:,} tokens, at least 1.0x", 2048, kinds, "pipe_speed", 1.0),
+                  (f"{long:,} tokens, at least 1.0x (never slower)", long, kinds, "pipe_speed", 1.0),
+                  (f"{long:,} tokens, at least {fast.get(m, 0):g}x at an eighth", long, kinds[-1:], "pipe_speed",
+                   fast.get(m)), (f"prefill of {long:,} tokens, at most 1.10x the time", long, kinds, "prefill", 1.10)]
+        for what, n, ks, key, goal in checks:
+            got = [(k, cell[n, k][key]) for k in ks if goal and (n, k) in cell and cell[n, k][key]]
+            ok = lambda v: v <= goal if key == "prefill" else v >= goal
+            if got: out.append(f"- {NAMES.get(m, m)}, {what}: " + ", ".join(
+                f"{v:.2f}x at {k.split('@')[1]} ({'met' if ok(v) else 'missed'})" for k, v in got))
+    return "\n".join(out)
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #6306978c
 def plot_default_speed(res:dict):
@@ -483,7 +517,8 @@ def main(argv=None):
     ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
     ap.add_argument("--long-kinds", default=None,
                     help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
-    ap.add_argument("--steps", type=int, default=None, help="decoding steps per kind (default 24: three choices)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per kind timed alone (default 24; more where whole choice cycles need it)")
     ap.add_argument("--blocks", type=int, default=3, help="pipelined runs per kind, interleaved (whole choice cycles)")
     ap.add_argument("--plot", default=None, help="comma-separated result files: only their figure (`plot_runs`) "
                     "at --image, of --kinds if given")

@@ -287,12 +287,13 @@ def every_task_headline(res:dict, # results of `every_task`
     return "; ".join(out) + "."
 
 # %% ../../nbs/15_every_task.ipynb #a4761bfd
-ALL_GLOBAL_MODELS = ("SmolLM2",)  # the embedded models (a run's `model` setting starts so) whose every layer is global
+ALL_GLOBAL_MODELS = ("SmolLM2",)  # for runs without `windows`: models (as `model` starts) whose every layer is global
 
 def default_rows_note(res:dict)->str: # results of `every_task` (with their settings)
     "A sentence naming the configuration of `default@F` rows that ran another default than today's on the run's model."
-    model = res.get("settings", {}).get("model", "")
-    windows = [None] if model.startswith(ALL_GLOBAL_MODELS) else [512, None]   # all global, or hybrid (Gemma 3)
+    model, windows = res.get("settings", {}).get("model", ""), res.get("settings", {}).get("windows")
+    if windows is None:                          # an older run: the model's name says it (all global, or hybrid)
+        windows = [None] if model.startswith(ALL_GLOBAL_MODELS) else [512, None]
     today = lambda r: recommended_config(float(r.split("@")[1])).for_layers(windows).label
     rows = res.get("settings", {}).get("rows", {})
     old = [r for r, label in rows.items() if r.startswith("default@") and label != today(r)]
