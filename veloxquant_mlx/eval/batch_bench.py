@@ -465,7 +465,7 @@ def markdown_step_profile(runs:dict)->str: # name -> a `profile_main` result
 def split_ab(model, ids:list, # a model and a prompt's token ids
              label:str, # the evicting configuration's label (e.g. the default's as built on the model)
              batches:tuple=(16, 48), rounds:int=3, steps:int=16, warmup:int=2,
-             threshold:int=1 << 23, # `PACKED_SPLIT`'s least multiply-adds for the "split" rows
+             threshold:int|None=None, # the "split" rows' least multiply-adds (None: `PACKED_SPLIT_CPU`'s)
             )->dict:
     "Tokens/s of B rows with packed products cut over two streams (`split`) and not (`off`), alternating; per B."
     from statistics import median
@@ -474,14 +474,17 @@ def split_ab(model, ids:list, # a model and a prompt's token ids
     pre = KVCacheBuilder.for_model(model, KVCacheConfig.from_label(label))
     prefill(model, ids, pre, 2048)
     keep, out = dict(storage_base.PACKED_SPLIT), {}
+    parts, least, *rows = storage_base.PACKED_SPLIT_CPU                         # the default's setting, its threshold
+    split = (parts, least if threshold is None else threshold, *rows)
     try:
         for B in batches:
             got = {"off": [], "split": []}
             for r in range(rounds):
                 for k in (("off", "split") if r % 2 == 0 else ("split", "off")):
-                    storage_base.PACKED_SPLIT["cpu"] = (2, threshold) if k == "split" else None
+                    storage_base.PACKED_SPLIT["cpu"] = split if k == "split" else None
                     got[k].append(decode_batch(model, pre, ids[-1], B, steps, warmup)["tok_s"])
-            out[str(B)] = dict(got, ratio=median(got["split"]) / median(got["off"]))
+            out[str(B)] = dict(got, ratio=median(got["split"]) / median(got["off"]), split_median=median(got["split"]),
+                               off_median=median(got["off"]))
     finally: storage_base.PACKED_SPLIT.update(keep)
     return out
 
@@ -494,7 +497,7 @@ def split_main(argv=None):
     ap.add_argument("--models", default="smollm2=16,48;gemma3_270m=32", help="model=batches;... (rows per model)")
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threshold", type=int, default=1 << 23)
+    ap.add_argument("--threshold", type=int, default=None, help="least multiply-adds cut (default: PACKED_SPLIT_CPU's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     res = dict(machine=machine_info(), settings=vars(a), models={})
