@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""A batch of the default with its packed products cut over two streams or not, alternating in one process:
+"""A batch of the default with its packed products cut over two streams or not (or, with --stack, its products per
+query head or stacked), alternating in one process:
 `python scripts/bench_packed_split.py [--models "smollm2=16,48;gemma3_270m=32"] [--out nbs/results/packed_split_batch.json]`.
 
 A thin wrapper around `veloxquant_mlx.eval.batch_bench.split_main` (see nbs/13a_eval_batch_bench.ipynb)."""

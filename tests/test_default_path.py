@@ -163,6 +163,33 @@ def test_default_packs_and_keeps_every_invariant_while_decoding(arch, hd, f, n, 
     # (down to budget - slack, or to its packed prefix when that is larger: a choice never unpacks it for the slack)
     assert all(b == budget and budget - slack[i] <= now < budget for i, b, budget, now in drops), (drops, slack)
 
+STACKED = [("llama", 0.25, 300), ("qwen3", 0.125, 700), ("gemma3", 0.25, 500)]
+
+@pytest.mark.parametrize("arch,f,n", STACKED, ids=[f"{a}-{f}-{n}" for a, f, n in STACKED])
+@pytest.mark.parametrize("costs", ["bytes"], indirect=True)
+def test_default_stacked_products_equal_the_per_head_reference(arch, f, n, costs, monkeypatch):
+    # Catches: the stacked route (`QuantizedStorage._qmm`: a KV head's query heads as the rows of one packed product)
+    # mixing up KV heads and query heads (a wrong reshape), or differing from the per-head reference (`_qmm_per_head`)
+    # by more than rounding, through a whole model on the default's packed path: the prompt, its choices, decoding
+    # steps and their choices. The second run is fed the first run's tokens, so a near-tie cannot fork the two. (The
+    # default's packed products here have one query per head; queries mixed within a head, which only products of
+    # many queries can show, are the storage page's test.)
+    from veloxquant_mlx.storage_base import QuantizedStorage
+    mdl, routes, got = model(arch), {"stacked": QuantizedStorage._qmm, "per_head": QuantizedStorage._qmm_per_head}, {}
+    toks = None
+    for name, route in routes.items():
+        monkeypatch.setattr(QuantizedStorage, "_qmm", route)
+        caches = KVCacheBuilder.for_model(mdl, recommended_config(f))
+        outs = [prompt_logits(mdl, mx.array(ids(n))[None], caches, chunk=128)[:, -1]]
+        feed = [] if toks is None else toks
+        for step in range(40):
+            tok = mx.argmax(outs[-1], -1) if toks is None else feed[step]
+            if toks is None: feed.append(tok)
+            outs.append(mdl(tok[:, None], cache=caches)[:, -1])
+        assert packed(caches), name                                                  # the packed path ran
+        got[name], toks = mx.stack(outs), feed
+    assert mx.abs(got["stacked"] - got["per_head"]).max().item() < 1e-3
+
 # ------------------------------------------------------------------------------------- 2. the default's batch path
 # A batch row equals the same prompt alone token for token only where the arithmetic of a row does not depend on the
 # batch around it. MLX's reference BLAS and the cmeel-openblas wheel's Skylake-X kernels keep it; Debian's OpenBLAS

@@ -13,7 +13,7 @@ __all__ = ['CAP_MIB', 'FULL', 'QUICK', 'PROFILED', 'prompt_ids', 'prefill', 'sta
            'profile_steps', 'combine', 'largest_fit', 'load_bench_model', 'run_sweep', 'summarize', 'format_results',
            'batch_headline', 'batch_details', 'evict_ratios', 'ratios_against', 'round_spread', 'ceiling_sweep',
            'ceiling_ratio', 'ceiling_at_fit', 'plot_results', 'main', 'profile_main', 'markdown_step_profile',
-           'split_ab', 'split_main']
+           'alternate_ab', 'split_ab', 'stack_ab', 'split_main']
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #c1300006
 CAP_MIB = 512  # the KV memory cap
@@ -462,31 +462,48 @@ def markdown_step_profile(runs:dict)->str: # name -> a `profile_main` result
     return "\n".join(lines)
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #539dc308
-def split_ab(model, ids:list, # a model and a prompt's token ids
-             label:str, # the evicting configuration's label (e.g. the default's as built on the model)
+def alternate_ab(model, ids:list, # a model and a prompt's token ids
+                 label:str, # the evicting configuration's label (e.g. the default's as built on the model)
+                 apply:dict, # two settings, name -> a function that puts it in place; the ratio is second / first
+                 batches:tuple=(16, 48), rounds:int=3, steps:int=16, warmup:int=2)->dict:
+    "Tokens/s of B rows of one prefilled cache under each of two settings, alternating round by round; per B."
+    from statistics import median
+    from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder
+    pre = KVCacheBuilder.for_model(model, KVCacheConfig.from_label(label))
+    prefill(model, ids, pre, 2048)
+    (a, b), out = apply, {}
+    for B in batches:
+        got = {a: [], b: []}
+        for r in range(rounds):
+            for k in ((a, b) if r % 2 == 0 else (b, a)):
+                apply[k]()
+                got[k].append(decode_batch(model, pre, ids[-1], B, steps, warmup)["tok_s"])
+        medians = {f"{k}_median": median(v) for k, v in got.items()}
+        out[str(B)] = dict(got, ratio=median(got[b]) / median(got[a]), **medians)
+    return out
+
+def split_ab(model, ids:list, label:str, # as `alternate_ab`
              batches:tuple=(16, 48), rounds:int=3, steps:int=16, warmup:int=2,
              threshold:int|None=None, # the "split" rows' least multiply-adds (None: `PACKED_SPLIT_CPU`'s)
             )->dict:
     "Tokens/s of B rows with packed products cut over two streams (`split`) and not (`off`), alternating; per B."
-    from statistics import median
     from veloxquant_mlx import storage_base
-    from veloxquant_mlx.builder import KVCacheConfig, KVCacheBuilder
-    pre = KVCacheBuilder.for_model(model, KVCacheConfig.from_label(label))
-    prefill(model, ids, pre, 2048)
-    keep, out = dict(storage_base.PACKED_SPLIT), {}
+    keep = dict(storage_base.PACKED_SPLIT)
     parts, least, *rows = storage_base.PACKED_SPLIT_CPU                         # the default's setting, its threshold
     split = (parts, least if threshold is None else threshold, *rows)
-    try:
-        for B in batches:
-            got = {"off": [], "split": []}
-            for r in range(rounds):
-                for k in (("off", "split") if r % 2 == 0 else ("split", "off")):
-                    storage_base.PACKED_SPLIT["cpu"] = split if k == "split" else None
-                    got[k].append(decode_batch(model, pre, ids[-1], B, steps, warmup)["tok_s"])
-            out[str(B)] = dict(got, ratio=median(got["split"]) / median(got["off"]), split_median=median(got["split"]),
-                               off_median=median(got["off"]))
+    put = lambda v: lambda: storage_base.PACKED_SPLIT.__setitem__("cpu", v)
+    try: return alternate_ab(model, ids, label, {"off": put(None), "split": put(split)}, batches, rounds, steps, warmup)
     finally: storage_base.PACKED_SPLIT.update(keep)
-    return out
+
+def stack_ab(model, ids:list, label:str, # as `alternate_ab`
+             batches:tuple=(16, 48), rounds:int=3, steps:int=16, warmup:int=2)->dict:
+    "Tokens/s of B rows with packed products per query head (`per_head`, the reference) and `stacked`, alternating."
+    from veloxquant_mlx.storage_base import QuantizedStorage
+    stacked = QuantizedStorage._qmm
+    put = lambda f: lambda: setattr(QuantizedStorage, "_qmm", f)
+    try: return alternate_ab(model, ids, label, {"per_head": put(QuantizedStorage._qmm_per_head),
+                                                 "stacked": put(stacked)}, batches, rounds, steps, warmup)
+    finally: QuantizedStorage._qmm = stacked
 
 # %% ../../nbs/13a_eval_batch_bench.ipynb #44dc2267
 def split_main(argv=None):
@@ -498,6 +515,7 @@ def split_main(argv=None):
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threshold", type=int, default=None, help="least multiply-adds cut (default: PACKED_SPLIT_CPU's)")
+    ap.add_argument("--stack", action="store_true", help="the stacked products against the per-head ones (`stack_ab`)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     res = dict(machine=machine_info(), settings=vars(a), models={})
@@ -505,10 +523,12 @@ def split_main(argv=None):
         name, rows = spec.split("=")
         model, tok = load_bench_model(name)
         label = recommended_config(0.25).on(model).label
-        res["models"][name] = dict(label=label, batches=split_ab(model, prompt_ids(tok, a.length), label,
-                                                                tuple(int(b) for b in rows.split(",")), a.rounds,
-                                                                threshold=a.threshold))
-        for B, r in res["models"][name]["batches"].items(): print(f"{name} B={B}: split/off {r['ratio']:.3f}", r)
+        ids, batches = prompt_ids(tok, a.length), tuple(int(b) for b in rows.split(","))
+        got = (stack_ab(model, ids, label, batches, a.rounds) if a.stack else
+               split_ab(model, ids, label, batches, a.rounds, threshold=a.threshold))
+        res["models"][name] = dict(label=label, batches=got)
+        what = "stacked/per head" if a.stack else "split/off"
+        for B, r in got.items(): print(f"{name} B={B}: {what} {r['ratio']:.3f}", r)
         if a.out:
             with open(a.out, "w") as f: json.dump(res, f, indent=1)
     return res

@@ -15,8 +15,9 @@ from ..cache import EvictingCache, cache_arrays
 __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'pipelined_steps',
            'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table',
            'speed_headline', 'speed_targets', 'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile',
-           'split_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile', 'markdown_profile_table',
-           'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
+           'split_decode', 'stack_profile', 'stack_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile',
+           'markdown_profile_table', 'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start',
+           'parse_contexts', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -352,6 +353,53 @@ def split_decode(model_name:str="smollm2", n:int=2048, steps:int=24)->dict: # an
     return dict(model=model_name, tokens=n, steps=steps,
                 kinds={k: dict(median_ms=statistics.median(v), mean_ms=statistics.mean(v)) for k, v in samples.items()})
 
+# %% ../../nbs/12d_eval_default_speed.ipynb #1b374e1e
+def stack_profile(lengths:tuple=(1344, 5184), # tokens held (about a quarter's 4-bit plan at 2,048 and 8,192)
+                  shapes:tuple=((1, 3, 3, 64), (1, 1, 4, 256), (16, 3, 3, 64)), # (rows, KV heads, rep, head_dim)
+                  reps:int=40)->list: # timed runs per point (medians)
+    "Median ms of a decoding step's two 4-bit products (keys per channel, values per token), per head and stacked."
+    from veloxquant_mlx.storage_kivi import KiviStorage
+    st, out = KiviStorage(4, 64), []
+    for B, H, rep, D in shapes:
+        for n in lengths[:1] if B > 1 else lengths:                        # many rows: the shorter length only
+            q = mx.random.normal((B, H, rep, 1, D), key=mx.random.key(0))
+            w = mx.softmax(mx.random.normal((B, H, rep, 1, n), key=mx.random.key(1)), axis=-1)
+            keys = mx.quantize(mx.random.normal((B, H, D, n), key=mx.random.key(2)), group_size=64, bits=4)
+            values = mx.quantize(mx.random.normal((B, H, n, D), key=mx.random.key(3)), group_size=64, bits=4)
+            mx.eval(q, w, keys, values)
+            routes, times = {"per_head": st._qmm_per_head, "stacked": st._qmm}, {"per_head": [], "stacked": []}
+            for _ in range(reps + 2):
+                for k, f in routes.items():
+                    t = time.perf_counter()
+                    mx.eval(f(q, *keys, transpose=False), f(w, *values, transpose=False))
+                    times[k].append(1e3 * (time.perf_counter() - t))
+            out.append(dict(rows=B, shape=[H, rep, D], tokens=n,
+                            **{f"{k}_ms": statistics.median(v[2:]) for k, v in times.items()}))
+    return out
+
+def stack_decode(model_name:str="smollm2", n:int=2048, # an embedded model, the prompt's tokens
+                 steps:int=32, # decoding steps per kind (whole choice cycles of both models' defaults)
+                 kinds:tuple=("default@0.25", "default@0.125"))->dict: # `kind_caches` kinds, each with both routes
+    "Median and mean ms of decoding steps: the full cache, and each kind with its products per head and stacked."
+    from veloxquant_mlx.storage_base import QuantizedStorage
+    from veloxquant_mlx.models import load_embedded_model, prose_text
+    model, tok = load_embedded_model(model_name, progress=False)
+    ids = tok.encode(prose_text(6 * n))[:n]
+    runs = {"full": None} | {f"{k}, {r}": r for k in kinds for r in ("per head", "stacked")}
+    caches, stacked = {k: kind_caches(model, k.split(",")[0]) for k in runs}, QuantizedStorage._qmm
+    try:
+        _read_prompt(model, ids, caches)
+        samples = {k: [] for k in runs}
+        for s in range(steps + 2):
+            for k, route in runs.items():
+                QuantizedStorage._qmm = QuantizedStorage._qmm_per_head if route == "per head" else stacked
+                t = time.perf_counter()
+                _sync(model(mx.array([[ids[-1]]]), cache=caches[k]), caches[k])
+                if s >= 2: samples[k].append(1e3 * (time.perf_counter() - t))
+    finally: QuantizedStorage._qmm = stacked
+    return dict(model=model_name, tokens=n, steps=steps,
+                kinds={k: dict(median_ms=statistics.median(v), mean_ms=statistics.mean(v)) for k, v in samples.items()})
+
 # %% ../../nbs/12d_eval_default_speed.ipynb #bc4dac8c
 def choice_profile(model, ids:list, # a loaded model and the prompt's token ids
                    kind:str="default@0.25", steps:int=32)->dict: # a `kind_caches` kind; decoding steps
@@ -504,7 +552,7 @@ def parse_contexts(spec:str)->dict: # "model=n,n;model=n"
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9be7a9d5
 def main(argv=None):
-    "`python scripts/bench_default_speed.py [--quick|--profile|--split|--choices|--cold|--plot FILES] [--out PATH]`."
+    "`python scripts/bench_default_speed.py [--quick|--profile|--split|--stack|--choices|--cold|--plot F] [--out P]`."
     ap = argparse.ArgumentParser(description="The default's decode step and prefill against the full cache")
     ap.add_argument("--quick", action="store_true", help="SmolLM2 at 1k and 2k, four kinds, six steps")
     ap.add_argument("--out", default="nbs/results/default_speed.json")
@@ -514,6 +562,8 @@ def main(argv=None):
     ap.add_argument("--split", action="store_true",
                     help="only the two-stream products (`split_profile`, `split_decode`)")
     ap.add_argument("--choices", action="store_true", help="only `choice_profile` of the default at 0.25, 2,048 tokens")
+    ap.add_argument("--stack", action="store_true", help="only the stacked products against the per-head ones "
+                    "(`stack_profile`, `stack_decode` on --models at 2,048 tokens, or at --contexts)")
     ap.add_argument("--kinds", default=None, help="comma-separated kinds (default: `KINDS`)")
     ap.add_argument("--long-kinds", default=None,
                     help="comma-separated kinds past 4,096 tokens (default: `LONG_KINDS`)")
@@ -537,6 +587,12 @@ def main(argv=None):
     if a.split:
         json.dump(dict(products=split_profile(), decode=split_decode(), device=str(mx.default_device()),
                        seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
+        return
+    if a.stack:
+        models = (a.models or "smollm2,gemma3").split(",")
+        at = parse_contexts(a.contexts) if a.contexts else {m: (2048,) for m in models}
+        json.dump(dict(products=stack_profile(), decode=[stack_decode(m, n) for m, ns in at.items() for n in ns],
+                       device=str(mx.default_device()), seconds=round(time.time() - t0)), open(a.out, "w"), indent=1)
         return
     if a.plot:
         if not a.image: ap.error("--plot writes its figure at --image PATH: give one")
