@@ -458,29 +458,30 @@ def _dequantize_first(rows:int)->bool:
     return at is not None and rows >= at
 
 @patch
+def _product(self:QuantizedStorage, x, packed, scales, biases, transpose:bool, # as `mx.quantized_matmul`
+             rows:int): # query rows per packed matrix (`DEQUANTIZE_ROWS` decides the route from them)
+    "`x` times the packed matrix by the device's route (a float copy, or `split_quantized_matmul`), in float32."
+    if x.dtype != scales.dtype: x = x.astype(scales.dtype)
+    if _dequantize_first(rows):
+        w = mx.dequantize(packed, scales, biases, group_size=self.group_size, bits=self.bits)
+        y = x @ (w.swapaxes(-1, -2) if transpose else w)
+    else: y = split_quantized_matmul(x, packed, scales, biases, transpose, self.group_size, self.bits)  # parts
+    return y if y.dtype == mx.float32 else y.astype(mx.float32)
+
+@patch
 def _qmm(self:QuantizedStorage, x, # `[B, H, rep, N, K]`: a KV head's query heads times their queries
          packed, scales, biases, transpose:bool): # one packed matrix per batch row and KV head
     "`x` times its KV head's packed matrix, the query heads' rows stacked into one product, in float32."
     B, H, *mid, K = x.shape
     x = x.reshape(B, H, -1, K)                                             # rows: query heads of a group x queries
-    if x.dtype != scales.dtype: x = x.astype(scales.dtype)
-    if _dequantize_first(x.shape[2]):
-        w = mx.dequantize(packed, scales, biases, group_size=self.group_size, bits=self.bits)
-        y = x @ (w.swapaxes(-1, -2) if transpose else w)
-    else: y = split_quantized_matmul(x, packed, scales, biases, transpose, self.group_size, self.bits)  # parts
-    y = y.reshape(B, H, *mid, y.shape[-1])
-    return y if y.dtype == mx.float32 else y.astype(mx.float32)
+    y = self._product(x, packed, scales, biases, transpose, x.shape[2])
+    return y.reshape(B, H, *mid, y.shape[-1])
 
 @patch
 def _qmm_per_head(self:QuantizedStorage, x, packed, scales, biases, transpose:bool): # as `_qmm`
     "The reference route: the packed matrix broadcast over the query heads, one product per query head (as before)."
     p, s, b = (a[:, :, None] for a in (packed, scales, biases))
-    if x.dtype != s.dtype: x = x.astype(s.dtype)
-    if _dequantize_first(math.prod(x.shape[2:-1])):
-        w = mx.dequantize(p, s, b, group_size=self.group_size, bits=self.bits)
-        y = x @ (w.swapaxes(-1, -2) if transpose else w)
-    else: y = split_quantized_matmul(x, p, s, b, transpose, self.group_size, self.bits)
-    return y if y.dtype == mx.float32 else y.astype(mx.float32)
+    return self._product(x, p, s, b, transpose, math.prod(x.shape[2:-1]))
 
 # %% ../nbs/03a_storage.ipynb #8c3cfb6c
 @patch
