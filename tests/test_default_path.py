@@ -190,6 +190,36 @@ def test_default_stacked_products_equal_the_per_head_reference(arch, f, n, costs
         got[name], toks = mx.stack(outs), feed
     assert mx.abs(got["stacked"] - got["per_head"]).max().item() < 1e-3
 
+@pytest.mark.parametrize("arch,f,n", STACKED, ids=[f"{a}-{f}-{n}" for a, f, n in STACKED])
+@pytest.mark.parametrize("costs", ["bytes"], indirect=True)
+def test_default_layers_choosing_together_equal_each_alone(arch, f, n, costs, monkeypatch):
+    # Catches: the layers' decoding choices made together (`ChoiceGroup`: stacked as the rows of one choice, each layer
+    # taking its rows back) giving any layer another layer's rows, a choice made late or twice, or numbers that differ
+    # from each layer choosing alone, through a whole model on the default's packed path: the prompt, 40 decoding steps
+    # and their choices, the second run fed the first run's tokens. Both runs hold the same positions at every step.
+    import veloxquant_mlx.cache as cache_mod
+    together, plain = [], cache_mod._select_together
+    monkeypatch.setattr(cache_mod, "_select_together", lambda layers, pos: (together.append(len(layers)),
+                                                                           plain(layers, pos)))
+    mdl, got, kept, toks = model(arch), {}, {}, None
+    for name in ("alone", "together"):
+        caches = KVCacheBuilder.for_model(mdl, recommended_config(f))
+        if name == "alone":
+            for c in caches: c._together = None
+        outs = [prompt_logits(mdl, mx.array(ids(n))[None], caches, chunk=128)[:, -1]]
+        feed, kept[name] = [] if toks is None else toks, []
+        for step in range(40):
+            tok = mx.argmax(outs[-1], -1) if toks is None else feed[step]
+            if toks is None: feed.append(tok)
+            outs.append(mdl(tok[:, None], cache=caches)[:, -1])
+            kept[name].append([np.array(c.positions[:, :, :c.count]) for c in caches if isinstance(c, EvictingCache)])
+        assert packed(caches), name                                                  # the packed path ran
+        got[name], toks = mx.stack(outs), feed
+    assert together and min(together) >= 2, together                                # choices were made together
+    for t, (a, b) in enumerate(zip(kept["alone"], kept["together"])):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)), t
+    assert mx.array_equal(got["alone"], got["together"]).item(), mx.abs(got["alone"] - got["together"]).max().item()
+
 # ------------------------------------------------------------------------------------- 2. the default's batch path
 # A batch row equals the same prompt alone token for token only where the arithmetic of a row does not depend on the
 # batch around it. MLX's reference BLAS and the cmeel-openblas wheel's Skylake-X kernels keep it; Debian's OpenBLAS

@@ -47,6 +47,7 @@ class BatchEvictingCache(_BaseCache):
         self.rows = list(rows)
         bad = next((r for r in self.rows if not getattr(r, "_veloxquant_evicting", False)), None)  # (any copy of it)
         if bad is not None: raise TypeError(f"`rows` must be EvictingCache layers, got a {type(bad).__name__}")
+        for r in self.rows: r._leave_choices()          # a row chooses when the batch steps it, not with a group
         self._packed = self._obs = None  # batched (keys, values, positions, scores) and remembered queries, if packed
         self._todo = self._skip = None   # per row: real tokens still to come (right padding), padding to skip (left)
         self._spans = self._fwd = None   # this pass: (first column, tokens) per row, and what each row returned

@@ -11,7 +11,7 @@ from fastcore.basics import patch, patch_to
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache
-from .cache import EvictingCache, install_attention_hook, COMPRESS, fit
+from .cache import EvictingCache, install_attention_hook, COMPRESS, fit, join_choices
 from .coordinator import Uniform, Pyramid, Squeeze, KVFraction, WindowSplit
 from .planner import KVPlan, WeightedFraction, load_rung_table
 from .methods import METHODS, SCORE, SIGNAL, BETA, STRENGTH
@@ -536,6 +536,7 @@ class KVCacheBuilder:
         caches = list(base)
         for j, ((i, w), b) in enumerate(zip(slots, budgets)):
             caches[i] = _layer(config, b, w, unpacked, coordinator=co, layer_idx=j)
+        join_choices(caches)                             # their decoding choices in one step made together
         install_attention_hook()
         return caches
 

@@ -22,7 +22,7 @@ from .coordinator import Coordinator
 __all__ = ['COMPRESS', 'READING', 'CHOOSING', 'DECODING', 'PHASE_MOVES', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'FittedWarning',
            'fit', 'EvictingCache', 'advance', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
            'dense_attention_reference', 'hand_over', 'take_back', 'chooses_next', 'steady', 'held_arrays',
-           'cache_arrays', 'copy_layer', 'policy_for_score']
+           'cache_arrays', 'copy_layer', 'ChoiceGroup', 'join_choices', 'policy_for_score']
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
@@ -74,6 +74,7 @@ def fit(policy:Policy, # the layer's policy
 class EvictingCache(_BaseCache):
     "One attention layer's KV cache holding at most `budget` tokens; its `policy` chooses which."
     _veloxquant_evicting = True # what the attention hook looks for (duck-typed: every copy of the class is recognised)
+    _together = None # the layers it makes its decoding choices with (`join_choices`); None: alone
 
     def __init__(self,
                  budget:int|None, # tokens this layer may hold (>= n_sink + 1); None: a schedule sets it later
@@ -188,6 +189,7 @@ def empty(self:EvictingCache)->bool:
 @patch(as_prop=True)
 def stats(self:EvictingCache)->dict:
     "What the layer holds and has measured: tokens, budget, evicted, its phase, deferring, signals, bytes."
+    self._choices_made()
     co, i = self.coordinator, self.spec.layer_idx
     conc = co.reports.get(i, self._concentration) if co is not None and co.signal == "key_dispersion" else \
         self._concentration                                   # a schedule's reported value (e.g. averaged over ranks)
@@ -218,6 +220,29 @@ def _check_hook(self:EvictingCache):
                            "install it with veloxquant_mlx.cache.install_attention_hook() (KVCacheBuilder.for_model "
                            "does)")
 
+# %% ../nbs/03_cache.ipynb #a6723e85
+@patch
+def _defer_choice(self:EvictingCache)->bool:
+    "Wait to choose with this step's other choosing layers (True), the last of them making all; False: choose now."
+    g = self._together
+    if g is None or not any(m is self for m in g.layers): return False    # alone (a copy, a batch's row)
+    g.waiting.append((self, self.offset))
+    if not any(m._together is g and m.offset == self.offset - 1 and chooses_next(m) for m in g.layers): g.made()
+    return True
+
+@patch
+def _choices_made(self:EvictingCache, N:int|None=None): # a pass of N tokens about to be stored; None: a read
+    "Make the group's waiting choices before this layer is read, or before a pass after the step they wait in."
+    g = self._together
+    if g is None or not g.waiting or (N is not None and g.waiting[0][1] == self.offset + N): return
+    g.made()
+
+@patch
+def _leave_choices(self:EvictingCache):
+    "Make the group's waiting choices, then choose alone from now on (a batch takes this layer over)."
+    self._choices_made()
+    self._together = None
+
 # %% ../nbs/03_cache.ipynb #83f81e5f
 @patch
 def _check_incoming(self:EvictingCache, keys, values):
@@ -244,6 +269,7 @@ def _check_ready(self:EvictingCache):
 @patch
 def update_and_fetch(self:EvictingCache, keys, values):
     "Store the incoming `[B, n_kv_heads, S, head_dim]` keys/values; return what this forward pass attends over."
+    self._choices_made(keys.shape[2])                      # an earlier pass's choices still waiting are made first
     self._check_incoming(keys, values)
     self._check_ready()
     N, start = keys.shape[2], self.offset
@@ -399,6 +425,7 @@ def make_mask(self:EvictingCache, N:int, window_size:int|None=None, return_array
         raise RuntimeError("a sliding-window layer of ours needs its own mask: install the attention hook "
                            "(veloxquant_mlx.cache.install_attention_hook(), done by KVCacheBuilder.for_model)")
     if N == 1: return None
+    self._choices_made()
     if return_array: return mlx_base.create_causal_mask(N, self.count, window_size=window_size)   # [N, stored + N]
     return "causal"
 
@@ -525,6 +552,7 @@ def _after_attention(self:EvictingCache, due:bool, decode:bool):
     if self._phase == CHOOSING: self._go(DECODING)
     if not self._pending: return
     self._pending = False
+    if due and decode and self._defer_choice(): return   # made with the other layers choosing in this step
     if due: self._select(self.offset, decode)
     self._settle()
 
@@ -587,6 +615,7 @@ def _check_meta(self:EvictingCache):
 @patch(as_prop=True)
 def state(self:EvictingCache):
     "Keys, values, positions, scores (the observation queries while a prompt is read) and the metadata as JSON."
+    self._choices_made()
     arrays = (*self.store.state(), self.positions, self._scores)
     if self._obs_q is not None: arrays += (self._obs_q[0],)
     return (*arrays, json.dumps(self._meta()))
@@ -614,6 +643,7 @@ def meta_state(self:EvictingCache):
 @patch(as_prop=True)
 def nbytes(self:EvictingCache)->int:
     "Bytes of the stored keys and values (positions and scores are in `stats['overhead_nbytes']`)."
+    self._choices_made()
     return self.store.nbytes
 
 # %% ../nbs/03_cache.ipynb #79be4f1b
@@ -626,6 +656,7 @@ def is_trimmable(self:EvictingCache)->bool:
 @patch
 def trim(self:EvictingCache, n:int)->int:
     "Drop the newest `n` tokens (only before any eviction); returns how many were dropped."
+    self._choices_made()
     if self._evicted:
         raise ValueError(f"{type(self).__name__} has evicted tokens and cannot be trimmed: the tokens the newest ones "
                          "displaced are gone (speculative decoding and prompt-cache trimming need a budget that has "
@@ -649,6 +680,7 @@ def _forget_newest(self:EvictingCache, keep:int):
 # %% ../nbs/03_cache.ipynb #512e1fb3
 def hand_over(cache:EvictingCache)->tuple:
     "Give up the held arrays: ((keys, values, positions, scores) of the held slots, the remembered queries)."
+    cache._choices_made()
     k, v = cache.store.view(cache.count)
     held = (k, v, cache.positions[:, :, :cache.count], cache._scores[:, :, :cache.count])
     obs, cache._obs_q, cache.positions, cache._scores = cache._obs_q, None, None, None
@@ -676,6 +708,7 @@ def steady(cache:EvictingCache, full:bool=False)->bool: # True: a full row (it w
 # %% ../nbs/03_cache.ipynb #b5ff2504
 def held_arrays(cache:EvictingCache)->list:
     "Every array the layer holds (the storage's, flattened; positions; scores): what to evaluate, or to count."
+    cache._choices_made()
     flat = lambda a: [x for y in a for x in flat(y)] if isinstance(a, (tuple, list)) else [a]
     return [a for a in flat((*cache.store.state(), cache.positions, cache._scores)) if a is not None]
 
@@ -699,12 +732,61 @@ def _own_copy(obj):
 # %% ../nbs/03_cache.ipynb #a50300ab
 def copy_layer(cache:EvictingCache)->EvictingCache:
     "An independent copy of a layer: its own arrays (in-place writes stay private), the same settings and schedule."
-    new = copy.copy(cache)
+    cache._choices_made()
+    new = copy.copy(cache)                                 # (not one of the layers it chooses with: `_defer_choice`)
     new.store = _own_copy(cache.store)
     for name in ("positions", "_scores"):
         a = getattr(cache, name)
         if a is not None: setattr(new, name, mx.array(a))
     return new
+
+# %% ../nbs/03_cache.ipynb #1ce7819b
+class ChoiceGroup:
+    "Layers whose decoding choices in one step are made together, stacked where their arrays have the same shapes."
+    def __init__(self, layers:list): # `EvictingCache` layers, in the model's order
+        self.layers, self.waiting = list(layers), []     # waiting: (layer, position of the next query)
+
+    def made(self):
+        "Make every waiting choice: layers of one `_choice_key` stacked, any other alone."
+        waiting, self.waiting, by = self.waiting, [], {}
+        for layer, pos in waiting: by.setdefault(_choice_key(layer, pos), []).append(layer)
+        for key, layers in by.items():
+            if key is None or len(layers) == 1:
+                for c in layers: c._select(key[0] if key else c.offset, True)
+            else: _select_together(layers, key[0])
+
+def join_choices(caches:list)->ChoiceGroup|None: # a model's caches (any kind; ours whose storage stacks join)
+    "Group the layers of `caches` whose storage stacks (`stacks`), so that their decoding choices are made together."
+    layers = [c for c in caches if isinstance(c, EvictingCache) and getattr(c.store, "stacks", False)]
+    if len(layers) < 2: return None
+    group = ChoiceGroup(layers)
+    for c in layers: c._together = group
+    return group
+
+# %% ../nbs/03_cache.ipynb #bba3c1fa
+def _choice_key(layer:EvictingCache, pos:int)->tuple|None: # a layer waiting to choose, the next query's position
+    "What layers must share to choose as one (None: this one cannot stack)."
+    st = layer.store
+    if not getattr(st, "stacks", False): return None
+    s = layer.spec
+    return (pos, layer.count, layer._target(True), s.n_sink, s.window, s.recent, repr(layer.policy),
+            layer.positions.shape[:2], type(st).__name__, st.layout())
+
+def _select_together(layers:list, pos:int): # layers of one `_choice_key`, the next query's position
+    "`_select` of every layer in `layers` as one stacked choice; each layer takes its rows back."
+    c0, B = layers[0], layers[0].positions.shape[0]
+    n, stack = c0._target(True), lambda f: mx.concatenate([f(c) for c in layers], axis=0)
+    view = View(stack(lambda c: c._scores[:, :, :c.count]), stack(lambda c: c.positions[:, :, :c.count]), pos)
+    idx, s = c0.policy.keep(view, n, c0.spec.n_sink, c0.spec.window, c0.spec.recent)
+    was = copy.copy(c0.store)
+    store = type(c0.store).together([c.store for c in layers])
+    order = store.keep(idx, c0.count)
+    positions, scores = mx.take_along_axis(view.positions, order, axis=2), mx.take_along_axis(s, order, axis=2)
+    for j, c in enumerate(layers):
+        c.store.take_part(store, j, was)
+        c.positions, c._scores = positions[j * B:(j + 1) * B], scores[j * B:(j + 1) * B]
+        c.count, c._evicted, c._contiguous = n, True, False
+        c._settle()
 
 # %% ../nbs/03_cache.ipynb #0325a391
 @patch

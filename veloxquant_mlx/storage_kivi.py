@@ -4,7 +4,7 @@
 
 # %% ../nbs/03a2_kivi_storage.ipynb #ks000004
 from __future__ import annotations
-import math
+import copy, math
 import mlx.core as mx
 from fastcore.basics import patch
 from .h2o import scatter_slot
@@ -334,6 +334,34 @@ def truncate(self:KiviStorage, keep:int):
     "Forget slots from `keep` on (a cut inside the prefix returns it to full precision first)."
     if keep < self.P: self._unpack()
     self.kr, self.vr = self.kr[:, :, :keep - self.P], self.vr[:, :, :keep - self.P]
+
+# %% ../nbs/03a2_kivi_storage.ipynb #5d50944e
+KiviStorage.stacks = True # layers of one `layout` choose as the rows of one storage (`together`)
+
+@patch
+def layout(self:KiviStorage)->tuple:
+    "What must match for storages to stack: format, prefix length, and every array's shape and dtype."
+    return (self.bits, self.group_size, self.rotate, self.compiled, str(self.dtype), self.P,
+            tuple((a.shape, str(a.dtype)) for a in self._all() if a is not None))
+
+@patch(cls_method=True)
+def together(cls:KiviStorage, stores:list)->KiviStorage: # storages of one `layout`, B rows each
+    "One storage holding `stores`' rows, stacked in order along the batch axis (their shared settings)."
+    if len({s.layout() for s in stores}) != 1: raise ValueError("`stores` must share one layout to stack")
+    st, cat = copy.copy(stores[0]), lambda arrs: mx.concatenate(list(arrs), axis=0)
+    if st.kp is not None: st.kp, st.vp = (tuple(map(cat, zip(*(getattr(s, n) for s in stores)))) for n in ("kp", "vp"))
+    st.kr, st.vr = cat(s.kr for s in stores), cat(s.vr for s in stores)
+    st._dims = (st._dims[0] * len(stores), *st._dims[1:])
+    return st
+
+@patch
+def take_part(self:KiviStorage, stacked:KiviStorage, j:int, # what `together` made (and chose on), this layer's place
+              was:KiviStorage): # the first stacked storage as it was (its repacks before the choice)
+    "Hold rows `j * B .. (j + 1) * B` of `stacked` (B: this storage's rows), its prefix length and any re-pack."
+    B = self._dims[0]
+    rows = lambda a: None if a is None else tuple(x[j * B:(j + 1) * B] for x in a)
+    self.kp, self.vp, (self.kr, self.vr) = rows(stacked.kp), rows(stacked.vp), rows((stacked.kr, stacked.vr))
+    self.P, self.repacks = stacked.P, self.repacks + stacked.repacks - was.repacks
 
 # %% ../nbs/03a2_kivi_storage.ipynb #b076273b
 @patch

@@ -33,7 +33,12 @@ SHARE_KINDS = {  # a kind `name@share` is `recommended_config(share, **SHARE_KIN
 FIXED_KINDS = {"kivi4": KVCacheConfig("full", kv_bits=4), "mlx-q4": KVCacheConfig("full", kv_bits=4, kv_scheme="mlx")}
 
 def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIXED_KINDS`, `dwN` at a share)
-    "The per-layer caches of a benchmark kind (`kind+compiled`: its KIVI refills compiled, `KiviStorage.compiled`)."
+    "A benchmark kind's per-layer caches (`+compiled`: KIVI refills compiled; `+alone`: each layer chooses alone)."
+    if kind.endswith("+alone"):
+        caches = kind_caches(model, kind[:-len("+alone")])
+        for c in caches:
+            if isinstance(c, EvictingCache): c._together = None
+        return caches
     if kind.endswith("+compiled"):
         caches = kind_caches(model, kind[:-len("+compiled")])
         kivi = [c.store for c in caches if hasattr(getattr(c, "store", None), "compiled")]
