@@ -162,6 +162,7 @@ def _go(self:EvictingCache, phase:str): # one of `PHASE_MOVES`'s keys
 @patch
 def reset(self:EvictingCache):
     "Forget the prompt: empty the layer (a new prompt starts at position 0, reading); the budget stays."
+    if self._together is not None: self._together.made()    # its group's waiting choices first (`_defer_choice`)
     self.positions = self._scores = None
     self.store.reset()
     self.offset, self.count, self._phase, self._evicted = 0, 0, READING, False
@@ -220,7 +221,7 @@ def _check_hook(self:EvictingCache):
                            "install it with veloxquant_mlx.cache.install_attention_hook() (KVCacheBuilder.for_model "
                            "does)")
 
-# %% ../nbs/03_cache.ipynb #a6723e85
+# %% ../nbs/03_cache.ipynb #1cd22b33
 @patch
 def _defer_choice(self:EvictingCache)->bool:
     "Wait to choose with this step's other choosing layers (True), the last of them making all; False: choose now."
@@ -624,6 +625,7 @@ def state(self:EvictingCache):
 @patch(set_prop=True)
 def state(self:EvictingCache, v):
     "Restore a layer from what `state` returned."
+    self._choices_made()
     *arrays, meta = v
     if len(arrays) not in (4, 5) or not isinstance(meta, str):
         raise ValueError(f"the state of an {type(self).__name__} is 4 or 5 arrays and a JSON string, "
@@ -740,7 +742,7 @@ def copy_layer(cache:EvictingCache)->EvictingCache:
         if a is not None: setattr(new, name, mx.array(a))
     return new
 
-# %% ../nbs/03_cache.ipynb #1ce7819b
+# %% ../nbs/03_cache.ipynb #4e7efcbc
 class ChoiceGroup:
     "Layers whose decoding choices in one step are made together, stacked where their arrays have the same shapes."
     def __init__(self, layers:list): # `EvictingCache` layers, in the model's order
@@ -763,7 +765,7 @@ def join_choices(caches:list)->ChoiceGroup|None: # a model's caches (any kind; o
     for c in layers: c._together = group
     return group
 
-# %% ../nbs/03_cache.ipynb #bba3c1fa
+# %% ../nbs/03_cache.ipynb #f4531a4b
 def _choice_key(layer:EvictingCache, pos:int)->tuple|None: # a layer waiting to choose, the next query's position
     "What layers must share to choose as one (None: this one cannot stack)."
     st = layer.store

@@ -335,7 +335,7 @@ def truncate(self:KiviStorage, keep:int):
     if keep < self.P: self._unpack()
     self.kr, self.vr = self.kr[:, :, :keep - self.P], self.vr[:, :, :keep - self.P]
 
-# %% ../nbs/03a2_kivi_storage.ipynb #5d50944e
+# %% ../nbs/03a2_kivi_storage.ipynb #748543ea
 KiviStorage.stacks = True # layers of one `layout` choose as the rows of one storage (`together`)
 
 @patch
