@@ -208,7 +208,7 @@ def test_default_layers_choosing_together_equal_each_alone(arch, f, n, costs, mo
     for name in ("alone", "together"):
         caches = KVCacheBuilder.for_model(mdl, recommended_config(f))
         if name == "alone":
-            for c in caches: c._together = None
+            for c in caches: c._leave_choices()
         outs = [prompt_logits(mdl, mx.array(ids(n))[None], caches, chunk=128)[:, -1]]
         feed, kept[name] = [] if toks is None else toks, []
         for step in range(40):

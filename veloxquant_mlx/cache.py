@@ -105,7 +105,7 @@ def _defer_choice(self:EvictingCache)->bool:
     "Wait to choose with this step's other choosing layers (True), the last of them making all; False: choose now."
     g = self._together
     if g is None or not any(m is self for m in g.layers): return False    # alone (a copy, a batch's row)
-    g.waiting.append((self, self.offset))
+    g.waiting.append(self)
     if not any(_will_wait(m, g, self.offset) for m in g.layers): g.made()
     return True
 
@@ -118,7 +118,7 @@ def _will_wait(m:EvictingCache, g, pos:int)->bool: # a layer of group `g`; the p
 def _choices_made(self:EvictingCache, N:int|None=None): # a pass of N tokens about to be stored; None: a read
     "Make the group's waiting choices before this layer is read, or before a pass after the step they wait in."
     g = self._together
-    if g is None or not g.waiting or (N is not None and g.waiting[0][1] == self.offset + N): return
+    if g is None or not g.waiting or (N is not None and g.waiting[0].offset == self.offset + N): return
     g.made()
 
 @patch
@@ -389,17 +389,29 @@ def _select_due(self:EvictingCache, decode:bool=False)->bool:
     return self.budget is not None and not self._deferring and self.count > self._target(decode)
 
 # %% ../nbs/03_cache.ipynb #90607af1
+def _kept(layers:list, # layers of one setting (their rows in this order)
+          store:Storage, # the storage holding their rows
+          next_pos:int, decode:bool=False)->tuple: # as `_select`; -> (tokens kept, positions, scores in the new order)
+    "The policy's choice for `layers` (sinks and the newest always), kept by `store`; the scores are the policy's."
+    c0 = layers[0]
+    held = lambda f: f(c0) if len(layers) == 1 else mx.concatenate([f(c) for c in layers], axis=0)
+    view = View(held(lambda c: c._scores[:, :, :c.count]), held(lambda c: c.positions[:, :, :c.count]), next_pos)
+    n = c0._target(decode)
+    idx, s = c0.policy.keep(view, n, c0.spec.n_sink, c0.spec.window, c0.spec.recent)
+    order = store.keep(idx, c0.count)                    # the storage's slot order (the kept indices for floats)
+    return n, mx.take_along_axis(view.positions, order, axis=2), mx.take_along_axis(s, order, axis=2)
+
+@patch
+def _chosen(self:EvictingCache, n:int, positions, scores): # what `_kept` returned (this layer's rows)
+    "Hold the choice: `n` tokens at `positions` with `scores`; the storage settles."
+    self.positions, self._scores = positions, scores
+    self.count, self._evicted, self._contiguous = n, True, False
+    self._settle()
+
 @patch
 def _select(self:EvictingCache, next_pos:int, decode:bool=False):
     "Keep the tokens the policy prefers (sinks and the newest always); the kept scores are the policy's."
-    n = self._target(decode)
-    view = View(self._scores[:, :, :self.count], self.positions[:, :, :self.count], next_pos)
-    idx, s = self.policy.keep(view, n, self.spec.n_sink, self.spec.window, self.spec.recent)
-    order = self.store.keep(idx, self.count)             # the storage's slot order (the kept indices for floats)
-    self.positions = mx.take_along_axis(self.positions[:, :, :self.count], order, axis=2)
-    self._scores = mx.take_along_axis(s, order, axis=2)
-    self.count, self._evicted, self._contiguous = n, True, False
-    self._settle()
+    self._chosen(*_kept([self], self.store, next_pos, decode))
 
 # %% ../nbs/03_cache.ipynb #0e36d4e5
 @patch
@@ -768,16 +780,16 @@ def _stacks(layers:list, most:int)->list: # layers that stack (one key); bytes p
 class ChoiceGroup:
     "Layers whose decoding choices in one step are made together, stacked where their arrays have the same shapes."
     def __init__(self, layers:list): # `EvictingCache` layers, in the model's order
-        self.layers, self.waiting = list(layers), []     # waiting: (layer, position of the next query)
+        self.layers, self.waiting = list(layers), []     # waiting: layers whose choice this step's end makes
 
     def made(self):
         "Make every waiting choice: layers of one shape and setting stacked (`STACK_BYTES` at a time), any other alone."
         waiting, self.waiting, by = self.waiting, [], {}
-        for layer, pos in waiting: by.setdefault(_choice_key(layer, pos), []).append(layer)
+        for layer in waiting: by.setdefault(_choice_key(layer), []).append(layer)
         for key, layers in by.items():
             for run in ([[c] for c in layers] if key is None else _stacks(layers, STACK_BYTES)):
-                if len(run) > 1: _select_together(run, key[0])
-                else: run[0]._select(key[0] if key else run[0].offset, True)
+                if len(run) > 1: _select_together(run, run[0].offset)
+                else: run[0]._select(run[0].offset, True)
 
 def join_choices(caches:list)->ChoiceGroup|None: # a model's caches (any kind; ours whose storage stacks join)
     "Group the layers of `caches` whose storage stacks (`stacks`), so that their decoding choices are made together."
@@ -788,29 +800,21 @@ def join_choices(caches:list)->ChoiceGroup|None: # a model's caches (any kind; o
     return group
 
 # %% ../nbs/03_cache.ipynb #f4531a4b
-def _choice_key(layer:EvictingCache, pos:int)->tuple|None: # a layer waiting to choose, the next query's position
+def _choice_key(layer:EvictingCache)->tuple|None: # a layer waiting to choose (its offset: the next query's position)
     "What layers must share to choose as one (None: this one cannot stack)."
     st = layer.store
     if not st.stacks: return None
     s = layer.spec
-    return (pos, layer.count, layer._target(True), s.n_sink, s.window, s.recent, repr(layer.policy),
+    return (layer.offset, layer.count, layer._target(True), s.n_sink, s.window, s.recent, repr(layer.policy),
             layer.positions.shape[:2], type(st).__name__, st.layout())
 
 def _select_together(layers:list, pos:int): # layers of one key (`ChoiceGroup.made`), the next query's position
-    "`_select` of every layer in `layers` as one stacked choice; each layer takes its rows back."
-    c0, B = layers[0], layers[0].positions.shape[0]
-    n, stack = c0._target(True), lambda f: mx.concatenate([f(c) for c in layers], axis=0)
-    view = View(stack(lambda c: c._scores[:, :, :c.count]), stack(lambda c: c.positions[:, :, :c.count]), pos)
-    idx, s = c0.policy.keep(view, n, c0.spec.n_sink, c0.spec.window, c0.spec.recent)
-    was = copy.copy(c0.store)
-    store = type(c0.store).together([c.store for c in layers])
-    order = store.keep(idx, c0.count)
-    positions, scores = mx.take_along_axis(view.positions, order, axis=2), mx.take_along_axis(s, order, axis=2)
+    "`_select` of every layer in `layers` as one choice on their stacked storage; each layer takes its rows back."
+    store, B = type(layers[0].store).together([c.store for c in layers]), layers[0].positions.shape[0]
+    n, positions, scores = _kept(layers, store, pos, decode=True)
     for j, c in enumerate(layers):
-        c.store.take_part(store, j, was)
-        c.positions, c._scores = positions[j * B:(j + 1) * B], scores[j * B:(j + 1) * B]
-        c.count, c._evicted, c._contiguous = n, True, False
-        c._settle()
+        c.store.take_part(store, j)
+        c._chosen(n, positions[j * B:(j + 1) * B], scores[j * B:(j + 1) * B])
 
 # %% ../nbs/03_cache.ipynb #0325a391
 @patch

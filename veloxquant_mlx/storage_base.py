@@ -178,7 +178,7 @@ def together(cls:Storage, stores:list)->Storage: # storages of one `layout`
     raise NotImplementedError
 
 @patch
-def take_part(self:Storage, stacked:Storage, j:int, was:Storage): # as `KiviStorage.take_part`
+def take_part(self:Storage, stacked:Storage, j:int): # as `KiviStorage.take_part`
     "Hold this storage's rows of `stacked` after a choice made on it (a storage that `stacks`)."
     raise NotImplementedError
 

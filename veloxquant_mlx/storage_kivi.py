@@ -351,17 +351,16 @@ def together(cls:KiviStorage, stores:list)->KiviStorage: # storages of one `layo
     st, cat = copy.copy(stores[0]), lambda arrs: mx.concatenate(list(arrs), axis=0)
     if st.kp is not None: st.kp, st.vp = (tuple(map(cat, zip(*(getattr(s, n) for s in stores)))) for n in ("kp", "vp"))
     st.kr, st.vr = cat(s.kr for s in stores), cat(s.vr for s in stores)
-    st._dims = (st._dims[0] * len(stores), *st._dims[1:])
+    st._dims, st.repacks = (st._dims[0] * len(stores), *st._dims[1:]), 0       # repacks: those of the choice made on it
     return st
 
 @patch
-def take_part(self:KiviStorage, stacked:KiviStorage, j:int, # what `together` made (and chose on), this layer's place
-              was:KiviStorage): # the first stacked storage as it was (its repacks before the choice)
+def take_part(self:KiviStorage, stacked:KiviStorage, j:int): # what `together` made (and chose on), this layer's place
     "Hold rows `j * B .. (j + 1) * B` of `stacked` (B: this storage's rows), its prefix length and any re-pack."
     B = self._dims[0]
     rows = lambda a: None if a is None else tuple(x[j * B:(j + 1) * B] for x in a)
     self.kp, self.vp, (self.kr, self.vr) = rows(stacked.kp), rows(stacked.vp), rows((stacked.kr, stacked.vr))
-    self.P, self.repacks = stacked.P, self.repacks + stacked.repacks - was.repacks
+    self.P, self.repacks = stacked.P, self.repacks + stacked.repacks
 
 # %% ../nbs/03a2_kivi_storage.ipynb #b076273b
 @patch

@@ -37,7 +37,7 @@ def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIX
     if kind.endswith("+alone"):
         caches = kind_caches(model, kind[:-len("+alone")])
         for c in caches:
-            if isinstance(c, EvictingCache): c._together = None
+            if isinstance(c, EvictingCache): c._leave_choices()
         return caches
     if kind.endswith("+compiled"):
         caches = kind_caches(model, kind[:-len("+compiled")])
