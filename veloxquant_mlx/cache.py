@@ -402,7 +402,7 @@ def _kept(layers:list, # layers of one setting (their rows in this order)
     return n, mx.take_along_axis(view.positions, order, axis=2), mx.take_along_axis(s, order, axis=2)
 
 @patch
-def _chosen(self:EvictingCache, n:int, positions, scores): # what `_kept` returned (this layer's rows)
+def _chosen(self:EvictingCache, n:int, positions, scores): # the choice made for this layer (its rows of it)
     "Hold the choice: `n` tokens at `positions` with `scores`; the storage settles."
     self.positions, self._scores = positions, scores
     self.count, self._evicted, self._contiguous = n, True, False
