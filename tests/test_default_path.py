@@ -190,6 +190,38 @@ def test_default_stacked_products_equal_the_per_head_reference(arch, f, n, costs
         got[name], toks = mx.stack(outs), feed
     assert mx.abs(got["stacked"] - got["per_head"]).max().item() < 1e-3
 
+KERNEL = [("llama", 0.25, 700), ("qwen3", 0.125, 700), ("gemma3", 0.25, 500)]
+
+@pytest.mark.parametrize("arch,f,n", KERNEL, ids=[f"{a}-{f}-{n}" for a, f, n in KERNEL])
+@pytest.mark.parametrize("costs", ["cpu"], indirect=True)
+def test_default_cpu_kernel_equals_mlx_product(arch, f, n, costs, monkeypatch):
+    # Catches: the project's CPU kernel for packed products (`native.packed_matmul`, the route of a decoding query on
+    # the CPU) giving other numbers than MLX's `quantized_matmul` beyond float32 rounding (a wrong unpack order, shift,
+    # scale or bias, a group or head mixed up, a thread's cut), or never being reached on the default's packed path,
+    # through a whole model: the prompt, its choices, 40 decoding steps and their choices, the second run fed the first
+    # run's tokens. The CPU table plans 8 or 4 bits here, widths the kernel serves.
+    import veloxquant_mlx.storage_base as sb
+    from veloxquant_mlx.native import native_status
+    assert native_status().loaded, native_status().why                     # a machine with a compiler builds it
+    calls, kernel = [], sb.packed_matmul
+    monkeypatch.setattr(sb, "packed_matmul", lambda *a, **kw: (calls.append(a[4]), kernel(*a, **kw))[1])
+    mdl, got, toks = model(arch), {}, None
+    for name in ("kernel", "mlx"):
+        caches = KVCacheBuilder.for_model(mdl, recommended_config(f))
+        if name == "mlx":
+            for c in caches: c.store.native = False
+        outs = [prompt_logits(mdl, mx.array(ids(n))[None], caches, chunk=128)[:, -1]]
+        feed, before = [] if toks is None else toks, len(calls)
+        for step in range(40):
+            tok = mx.argmax(outs[-1], -1) if toks is None else feed[step]
+            if toks is None: feed.append(tok)
+            outs.append(mdl(tok[:, None], cache=caches)[:, -1])
+        assert packed(caches), name                                                  # the packed path ran
+        assert (len(calls) > before) == (name == "kernel"), (name, len(calls))      # the kernel, and only there
+        got[name], toks = mx.stack(outs), feed
+    assert set(calls) <= {2, 4, 8} and calls, calls
+    assert mx.abs(got["kernel"] - got["mlx"]).max().item() < 1e-3
+
 TOGETHER = STACKED + [("gemma3-8", 0.25, 500)]   # 8 layers: the last two sliding-window layers choose without waiting
 
 @pytest.mark.parametrize("arch,f,n", TOGETHER, ids=[f"{a}-{f}-{n}" for a, f, n in TOGETHER])

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CONFIG_FIELDS', 'METHODS', 'DEFAULT_BUDGET', 'COMMANDS', 'CLIError', 'ByteTokenizer', 'load_cli_model',
            'context_length', 'passkey_prompt', 'per_token_bytes', 'held_nbytes', 'layer_report', 'config_options',
-           'RunOptions', 'method_config', 'encode_prompt', 'run_method', 'plan_line', 'format_report', 'format_compare',
-           'register_command', 'method_params', 'add_method_option', 'add_config_options', 'build_parser',
-           'read_prompt', 'configs_from_args', 'options_from_args', 'main', 'rung_table_path', 'add_calibrate_parser',
-           'calibrate_from_args']
+           'RunOptions', 'method_config', 'encode_prompt', 'run_method', 'plan_line', 'route_note', 'format_report',
+           'format_compare', 'register_command', 'method_params', 'add_method_option', 'add_config_options',
+           'build_parser', 'read_prompt', 'configs_from_args', 'options_from_args', 'main', 'rung_table_path',
+           'add_calibrate_parser', 'calibrate_from_args']
 
 # %% ../nbs/07_cli.ipynb #f49069b6
 class CLIError(Exception):
@@ -261,7 +261,20 @@ def plan_line(co, cfg)->str|None:
                                    if kept_all else ": whole groups and the layers' floors round it down")
     bits = f", widths {sorted(set(co.bits), reverse=True)} bits" if getattr(co, "bits", None) else ""
     time = f"\n  (speed: {co.time_note})" if getattr(co, "time_note", None) else ""
-    return f"planned: at most {s:.3f} of the full cache's bf16 bytes (asked {f}){bits}{why}{time}"
+    route = route_note(getattr(co, "bits", None))
+    return f"planned: at most {s:.3f} of the full cache's bf16 bytes (asked {f}){bits}{why}{time}{route}"
+
+def route_note(bits:list|None)->str: # the plan's per-layer widths
+    "Which route the plan's packed products take on a CPU: the project's kernel, or MLX's product and why."
+    import mlx.core as mx
+    from veloxquant_mlx.native import native_status, NATIVE_BITS
+    packed = sorted({b for b in bits or () if b is not None and b < 16})
+    if not packed or mx.default_device().type != mx.cpu: return ""
+    st, mine = native_status(), [b for b in packed if b in NATIVE_BITS]
+    if st.loaded and mine == packed: return "\n  (packed products: the project's CPU kernel)"
+    if st.loaded: return (f"\n  (packed products: the project's CPU kernel at {mine or 'no'} bits, MLX's "
+                          f"quantized_matmul at {[b for b in packed if b not in mine]})")
+    return f"\n  (packed products: MLX's quantized_matmul; the CPU kernel is off: {st.why})"
 
 # %% ../nbs/07_cli.ipynb #fcc00379
 def _mib(n): return f"{n / 2**20:.2f} MiB"

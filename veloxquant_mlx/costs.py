@@ -10,6 +10,7 @@ from .h2o import attention_with_mass
 from .storage import KV_BITS, KiviStorage, FloatStorage
 from .policies import ChunkKV
 from .cache import EvictingCache, cache_arrays
+from .native import native_status
 
 # %% auto #0
 __all__ = ['SHAPES', 'STEP_COSTS', 'attention_ms', 'layer_step_ms', 'fit_line', 'measure_costs', 'device_costs', 'costs_table',
@@ -113,7 +114,13 @@ def measure_costs(shapes:tuple=SHAPES, # model shapes to measure, one price tabl
 
 # %% ../nbs/03c_costs.ipynb #711acff5
 STEP_COSTS = {  # device type -> head_dim -> width -> (fixed, per token), full cache's token = 1 (bench_costs.py)
-    "cpu": {
+    "cpu": {  # packed products at 2, 4 and 8 bits by the project's CPU kernel (`native`), the other widths by MLX's
+        64: {"full": (766.3, 1.0), 16: (1003.9, 1.102), 8: (783.5, 0.887), 6: (807.3, 3.468),
+             5: (1012.6, 8.002), 4: (1200.6, 0.769), 3: (566.0, 7.961), 2: (665.0, 0.935)},
+        256: {"full": (0.0, 1.0), 16: (0.0, 1.104), 8: (586.5, 0.354), 6: (236.4, 3.169),
+              5: (611.5, 7.71), 4: (608.3, 0.445), 3: (165.1, 7.669), 2: (552.0, 0.353)},
+    },
+    "cpu-mlx": {  # every packed product by MLX's `quantized_matmul` (a CPU where the kernel did not build)
         64: {"full": (116.4, 1.0), 16: (157.9, 1.071), 8: (513.9, 1.444), 6: (964.0, 2.381),
              5: (1695.6, 6.357), 4: (620.4, 1.559), 3: (985.9, 6.387), 2: (65.7, 2.367)},
         256: {"full": (0.0, 1.0), 16: (0.0, 1.081), 8: (192.4, 0.946), 6: (1194.4, 1.592),
@@ -125,8 +132,10 @@ def device_costs(head_dim:int, # the model's head_dim (the nearest measured tabl
                  device=None, # an `mx.Device` (default: MLX's default device)
                 )->dict|None:
     "Each width's (fixed, per-token) attention price on `device`'s type (None: not measured, plan by bytes alone)."
+    # on a CPU, the table of the route its packed products take: the project's kernel where it loaded, else MLX's
     d = device or mx.default_device()
-    tables = STEP_COSTS.get("cpu" if d.type == mx.cpu else "gpu")
+    kind = "gpu" if d.type != mx.cpu else "cpu" if native_status().loaded else "cpu-mlx"
+    tables = STEP_COSTS.get(kind)
     if not tables: return None
     return tables[min(tables, key=lambda h: (abs(math.log2(h / head_dim)), h))]
 

@@ -271,13 +271,14 @@ def plan_in_time(n_tokens:int, # the prompt's length
     costs = {w: (0.0, per) for w, (_, per) in costs.items()}         # what grows with the context (see above)
     limit = plan_price(["full"] * len(ask.full), ask.full, costs)
     if plan_price(*plan, costs) <= limit: return (*plan, None)
-    found, rungs = [], tuple(s.ladder)
-    while True:
-        p = _fitting_share(ask, replace(s, ladder=rungs), costs, limit)
-        if p is not None: found.append(p)
+    tried, rungs = [], tuple(s.ladder)
+    while True:                                                       # the ladder less its slowest width, in turn
+        tried.append(rungs)
         if not rungs: break
         slow = slowest([b for r in rungs for b in r], costs)
         rungs = tuple(r for r in rungs if slow not in r)
+    tried += [(r,) for r in s.ladder if (r,) not in tried and max(costs[b][1] for b in r) <= 1]  # each cheap rung alone
+    found = [p for r in tried if (p := _fitting_share(ask, replace(s, ladder=r), costs, limit)) is not None]
     if not found: return (*plan, "no plan attends as fast as the full cache: the byte plan stands")
     best = max(found, key=lambda p: (sum(p[1]), -plan_price(*p, costs)))
     ratio = lambda p: plan_price(*p, costs) / limit

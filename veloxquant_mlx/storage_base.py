@@ -8,6 +8,7 @@ import math
 import mlx.core as mx
 from fastcore.basics import patch
 from .h2o import attention_with_mass, query_mass, position_attention, visible, HeldArrays
+from .native import native_fits, packed_matmul, native_threads
 
 # %% auto #0
 __all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'PACKED_SPLIT_CPU', 'PACKED_SPLIT', 'DEQUANTIZE_ROWS', 'check_kv_format',
@@ -473,14 +474,19 @@ def _dequantize_first(rows:int)->bool:
     at = _on_device(DEQUANTIZE_ROWS)
     return at is not None and rows >= at
 
+QuantizedStorage.native = True  # False: this storage's products go to MLX's `quantized_matmul` (A/B runs)
+
 @patch
 def _product(self:QuantizedStorage, x, packed, scales, biases, transpose:bool, # as `mx.quantized_matmul`
              rows:int): # query rows per packed matrix (`DEQUANTIZE_ROWS` decides the route from them)
-    "`x` times the packed matrix by the device's route (a float copy, or `split_quantized_matmul`), in float32."
+    "`x` times the packed matrix by the device's route (a float copy, the CPU kernel, or MLX's product), in float32."
     if x.dtype != scales.dtype: x = x.astype(scales.dtype)
     if _dequantize_first(rows):
         w = mx.dequantize(packed, scales, biases, group_size=self.group_size, bits=self.bits)
         y = x @ (w.swapaxes(-1, -2) if transpose else w)
+    elif self.native and native_fits(x, packed, scales, transpose, self.bits, self.group_size):
+        work = math.prod(x.shape[:-1]) * packed.shape[-1] * 32 // self.bits * x.shape[-1]
+        y = packed_matmul(x, packed, scales, biases, self.bits, self.group_size, native_threads(work))
     else: y = split_quantized_matmul(x, packed, scales, biases, transpose, self.group_size, self.bits)  # parts
     return y if y.dtype == mx.float32 else y.astype(mx.float32)
 

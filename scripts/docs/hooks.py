@@ -37,8 +37,8 @@ HARNESS = 'Harness reference'
 NAV = [
     ('Start', ['index', 'getting_started', 'cli', 'serve', 'distributed']),
     ('How the methods work', ['proxy', 'allocators', 'h2o', 'policies', 'cache', 'storage', 'group_storage',
-                              'kivi_storage', 'choosing_storage', 'batch', 'batch_kivi', 'costs', 'coordinator',
-                              'methods', 'planner']),
+                              'kivi_storage', 'choosing_storage', 'native', 'batch', 'batch_kivi', 'costs',
+                              'coordinator', 'methods', 'planner']),
     ('The library', ['builder', 'blas', 'models', 'reliability', 'api']),
     ('Results', ['every_task', 'quality', 'speed', 'batch_speed']),
     (HARNESS, ['eval_prompts', 'eval_measure', 'eval_batching', 'eval_grid', 'eval_fraction', 'eval_prefill',

@@ -1,0 +1,159 @@
+// veloxquant_mlx: x times a packed matrix on the CPU, as mx.quantized_matmul(x, w, scales, biases, transpose=False).
+// Explained, built and tested in nbs/03a4_native.ipynb; built at first use by veloxquant_mlx.native.
+#include <nanobind/nanobind.h>
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+namespace mx = mlx::core;
+
+// Groups g0..g1 of one matrix: out[m, n] = sum_k x[m, k] * (s[k, n / G] * w[k, n] + b[k, n / G]), w packed along n
+// (element n of a group sits in word n / PER at shift BITS * (n % PER)). The accumulator holds a group's elements in
+// (shift, word) order, so the innermost loop runs over words with one shift (it vectorises); the order is undone once
+// at the end. The bias term is one sum per (row, group).
+template <int BITS, int G>
+static void packed_groups(const float* x, const uint32_t* wq, const float* s, const float* b, float* out,
+                          int M, int K, int N, int g0, int g1, float* acc) {
+  constexpr int PER = 32 / BITS, W = G / PER;
+  constexpr uint32_t MASK = (1u << BITS) - 1;
+  const int NG = N / G, WN = N / PER, ng = g1 - g0;
+  std::memset(acc, 0, sizeof(float) * (size_t)M * ng * (G + 1));
+  float* bias = acc + (size_t)M * ng * G;
+  for (int k = 0; k < K; ++k) {
+    const uint32_t* wrow = wq + (size_t)k * WN;
+    for (int g = g0; g < g1; ++g) {
+      const uint32_t* wg = wrow + (size_t)g * W;
+      const float sc = s[(size_t)k * NG + g], bc = b[(size_t)k * NG + g];
+      float f[G];
+      for (int e = 0; e < PER; ++e)
+        for (int j = 0; j < W; ++j) f[e * W + j] = (float)((wg[j] >> (BITS * e)) & MASK);
+      for (int m = 0; m < M; ++m) {
+        const float xm = x[(size_t)m * K + k], a = xm * sc;
+        float* o = acc + ((size_t)m * ng + (g - g0)) * G;
+        for (int i = 0; i < G; ++i) o[i] += a * f[i];
+        bias[(size_t)m * ng + (g - g0)] += xm * bc;
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int g = g0; g < g1; ++g) {
+      const float* o = acc + ((size_t)m * ng + (g - g0)) * G;
+      const float bb = bias[(size_t)m * ng + (g - g0)];
+      float* dst = out + (size_t)m * N + (size_t)g * G;
+      for (int e = 0; e < PER; ++e)
+        for (int j = 0; j < W; ++j) dst[j * PER + e] = o[e * W + j] + bb;
+    }
+}
+
+template <int BITS>
+static void packed_bits(const float* x, const uint32_t* wq, const float* s, const float* b, float* out,
+                        int M, int K, int N, int G, int g0, int g1, float* acc) {
+  if (G == 32) packed_groups<BITS, 32>(x, wq, s, b, out, M, K, N, g0, g1, acc);
+  else if (G == 64) packed_groups<BITS, 64>(x, wq, s, b, out, M, K, N, g0, g1, acc);
+  else packed_groups<BITS, 128>(x, wq, s, b, out, M, K, N, g0, g1, acc);
+}
+
+// A row-contiguous copy of a strided view of 4-byte elements (float32, uint32), made inside the dispatched task.
+static void dense_copy(const uint32_t* src, uint32_t* dst, const mx::Shape& shape, const mx::Strides& strides) {
+  const int nd = (int)shape.size();
+  std::vector<int> idx(nd, 0);
+  size_t total = 1;
+  for (auto d : shape) total *= (size_t)d;
+  for (size_t i = 0; i < total; ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += (int64_t)idx[d] * strides[d];
+    dst[i] = src[off];
+    for (int d = nd - 1; d >= 0 && ++idx[d] == shape[d]; --d) idx[d] = 0;
+  }
+}
+
+class PackedMatmul : public mx::UnaryPrimitive {
+ public:
+  PackedMatmul(mx::Stream s, int bits, int group, int threads)
+      : mx::UnaryPrimitive(s), bits_(bits), group_(group), threads_(threads) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in;
+    std::vector<bool> strided;
+    for (auto& a : inputs) {                       // strided views are copied dense inside the task (below)
+      strided.push_back(!a.flags().row_contiguous);
+      if (!strided.back()) in.push_back(a);
+      else {
+        in.push_back(mx::array(a.shape(), a.dtype(), nullptr, {}));
+        in.back().set_data(mx::allocator::malloc(in.back().nbytes()));
+        enc.add_temporary(in.back());
+      }
+      enc.set_input_array(a);
+    }
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    enc.set_output_array(out);
+    if (out.size() == 0) return;                   // nothing to write
+    if (inputs[0].size() == 0) {                   // K == 0: every sum is empty
+      enc.dispatch([op = out.data<float>(), n = out.size()]() { std::memset(op, 0, n * sizeof(float)); });
+      return;
+    }
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (strided[i])
+        enc.dispatch([src = inputs[i].data<uint32_t>(), dst = in[i].data<uint32_t>(), shape = inputs[i].shape(),
+                      strides = inputs[i].strides()]() { dense_copy(src, dst, shape, strides); });
+    const int M = in[0].shape(-2), K = in[0].shape(-1), N = out.shape(-1), G = group_, bits = bits_;
+    const size_t batch = in[0].size() / ((size_t)M * K), NG = N / G, items = batch * NG;
+    const int threads = (int)std::min<size_t>(std::max(threads_, 1), items);
+    enc.dispatch([xp = in[0].data<float>(), wp = in[1].data<uint32_t>(), sp = in[2].data<float>(),
+                  bp = in[3].data<float>(), op = out.data<float>(), M, K, N, G, bits, NG, items, threads]() {
+      auto run = [=](size_t lo, size_t hi) {      // (matrix, group) items lo..hi
+        std::vector<float> acc((size_t)M * (NG + 1) * (G + 1));
+        for (size_t it = lo; it < hi;) {
+          const size_t i = it / NG, g0 = it % NG, g1 = std::min(NG, g0 + (hi - it));
+          const float* x = xp + i * M * K;
+          const uint32_t* w = wp + i * K * ((size_t)N * bits / 32);
+          const float* s = sp + i * K * NG;
+          const float* b = bp + i * K * NG;
+          float* o = op + i * M * N;
+          if (bits == 4) packed_bits<4>(x, w, s, b, o, M, K, N, G, (int)g0, (int)g1, acc.data());
+          else if (bits == 8) packed_bits<8>(x, w, s, b, o, M, K, N, G, (int)g0, (int)g1, acc.data());
+          else packed_bits<2>(x, w, s, b, o, M, K, N, G, (int)g0, (int)g1, acc.data());
+          it += g1 - g0;
+        }
+      };
+      if (threads <= 1) return run(0, items);
+      std::vector<std::thread> more;
+      for (int t = 1; t < threads; ++t) more.emplace_back(run, items * t / threads, items * (t + 1) / threads);
+      run(0, items / threads);
+      for (auto& t : more) t.join();
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("veloxquant_mlx packed_matmul runs on the CPU only");
+  }
+  const char* name() const override { return "PackedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& p = static_cast<const PackedMatmul&>(other);
+    return bits_ == p.bits_ && group_ == p.group_ && threads_ == p.threads_;
+  }
+
+ private:
+  int bits_, group_, threads_;
+};
+
+// Checked by the Python wrapper (veloxquant_mlx.native.packed_matmul): float32 x, scales and biases, uint32 packed,
+// the same leading (batch) shape, bits 2, 4 or 8, groups of 32, 64 or 128 dividing n, on the CPU.
+mx::array packed_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                        int bits, int group_size, int threads) {
+  auto stream = mx::to_stream({});               // the default device: the wrapper calls this on the CPU only
+  auto shape = x.shape();
+  shape.back() = (int)((size_t)w.shape(-1) * 32 / bits);
+  return mx::array(shape, mx::float32, std::make_shared<PackedMatmul>(stream, bits, group_size, threads),
+                   {x, w, scales, biases});
+}
+
+NB_MODULE(_packed_matmul, m) {
+  m.def("packed_matmul", &packed_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
+        "threads"_a = 1);
+}
