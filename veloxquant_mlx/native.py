@@ -24,7 +24,7 @@ def native_cache_dir()->Path:
     "Where built kernels live: `$XDG_CACHE_HOME/veloxquant_mlx/native` (default `~/.cache`)."
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "veloxquant_mlx" / "native"
 
-# %% ../nbs/03a4_native.ipynb #5a9eedc8
+# %% ../nbs/03a4_native.ipynb #ac53cf4c
 def _compiler()->str|None: return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 def _command(out:Path)->list:
@@ -37,6 +37,7 @@ def _command(out:Path)->list:
             str(nb / "src" / "nb_combined.cpp"), f"-L{mlx_dir / 'lib'}", "-lmlx", f"-Wl,-rpath,{mlx_dir / 'lib'}",
             *(["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []), "-o", str(out)]
 
+# %% ../nbs/03a4_native.ipynb #111cf569
 def _cpu_flags()->str:
     "The CPU's feature flags (what `-march=native` compiles for), or its machine name."
     try: return next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags"))
@@ -50,7 +51,8 @@ def _build_key()->str:
     return hashlib.sha256(b"\0".join(p if isinstance(p, bytes) else str(p).encode() for p in parts)).hexdigest()[:16]
 
 # %% ../nbs/03a4_native.ipynb #7c551bdd
-def build_native(log=None)->Path: # log: called with a line before a build (None: silent)
+def build_native(log=None, # called with a line before a build (None: silent)
+                )->Path:
     "The kernel's compiled module for this machine: built once into `native_cache_dir()`, then reused."
     d = native_cache_dir() / _build_key()
     out = d / ("_packed_matmul" + sysconfig.get_config_var("EXT_SUFFIX"))
@@ -78,7 +80,7 @@ def build_native(log=None)->Path: # log: called with a line before a build (None
         os.replace(tmp, out)
     return out
 
-# %% ../nbs/03a4_native.ipynb #4db3c4da
+# %% ../nbs/03a4_native.ipynb #db5defb4
 class NativeStatus(NamedTuple):
     "Whether the packed-product kernel serves this process, from where, and why not."
     loaded:bool
@@ -95,6 +97,7 @@ def _load(path:Path):
     loader.exec_module(mod)
     return mod
 
+# %% ../nbs/03a4_native.ipynb #a4fd9c7d
 def _self_check(mod)->str|None:
     "None if the module's products match `mx.quantized_matmul` at every width and group, else what differed."
     for bits in NATIVE_BITS:
@@ -107,9 +110,11 @@ def _self_check(mod)->str|None:
             if not mx.allclose(got, want, rtol=1e-4, atol=1e-4).item(): return f"bits={bits}, group={g} disagreed"
     return None
 
+# %% ../nbs/03a4_native.ipynb #9fc011e4
 def _to_stderr(line:str): print(line, file=sys.stderr, flush=True)
 
-def native_status(log=_to_stderr)->NativeStatus: # told about a build, once (None: silent)
+def native_status(log=_to_stderr, # told about a build, once (None: silent)
+                 )->NativeStatus:
     "Build, load and check the kernel on first use (once per process); `VELOXQUANT_NATIVE=0` turns it off."
     if "s" in _STATUS: return _STATUS["s"]
     if os.environ.get("VELOXQUANT_NATIVE", "1") == "0": s = NativeStatus(False, None, "off: VELOXQUANT_NATIVE=0")
@@ -198,7 +203,11 @@ def product_times(tokens:int, # tokens held (a multiple of the group)
 PRODUCT_CASES = (("smollm2", (3, 3, 64), (1344, 1856, 5184, 7232)),   # the default's plans at 2,048 and 8,100 tokens
                  ("gemma3", (1, 4, 256), (448, 2048, 6912)))          # a window layer, global layers at 2k and 8k
 
-def bench_products(cases:tuple=PRODUCT_CASES, bits:tuple=(4, 8, 2), reps:int=30, log=print)->dict:
+def bench_products(cases:tuple=PRODUCT_CASES, # (model, (KV heads, query heads per KV head, head_dim), token counts)
+                   bits:tuple=(4, 8, 2), # widths (8 and 2 at each case's first token count only)
+                   reps:int=30, # timed runs per figure
+                   log=print, # told each case's figures (None: silent)
+                  )->dict:
     "`product_times` over the cases (model, shape, token counts) at each width: the JSON of `scripts/bench_native.py`."
     import time
     t0, rows = time.time(), []
@@ -211,7 +220,8 @@ def bench_products(cases:tuple=PRODUCT_CASES, bits:tuple=(4, 8, 2), reps:int=30,
     return dict(device=str(mx.default_device()), native=native_status()._asdict(), rows=rows, reps=reps,
                 seconds=round(time.time() - t0))
 
-def markdown_product_table(res:dict)->str: # what `bench_products` returned
+def markdown_product_table(res:dict, # what `bench_products` returned
+                          )->str:
     "A Markdown table: per case and width, the median microseconds of each route and the kernel's speedups."
     head = ("| model | tokens | bits | kernel | MLX's product | float | MLX / kernel | float / kernel |\n"
             "|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -219,7 +229,7 @@ def markdown_product_table(res:dict)->str: # what `bench_products` returned
                          f"{t['float']:.0f} us | {t['mlx'] / t['kernel']:.1f}x | {t['float'] / t['kernel']:.2f}x |")
     return "\n".join([head] + [line(r, r["us"]) for r in res["rows"]])
 
-def bench_main(argv=None):
+def bench_main(argv=None): # the command line's arguments (None: `sys.argv`)
     "`python scripts/bench_native.py [--quick] [--out nbs/results/native_products.json]`."
     import argparse, json
     ap = argparse.ArgumentParser(description="the CPU kernel's products against MLX's and float, interleaved")
