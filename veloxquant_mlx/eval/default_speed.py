@@ -12,12 +12,12 @@ from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordin
 from ..cache import EvictingCache, cache_arrays
 
 # %% auto #0
-__all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches', 'pipelined_steps',
-           'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows', 'markdown_speed_table',
-           'speed_headline', 'pair_speeds', 'markdown_pair_table', 'speed_targets', 'plot_default_speed', 'plot_runs',
-           'op_profile', 'split_profile', 'split_decode', 'stack_profile', 'stack_decode', 'choice_profile',
-           'choice_costs', 'markdown_choice_profile', 'markdown_profile_table', 'markdown_costs_table', 'command_stats',
-           'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
+__all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'STORE_SUFFIXES', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches',
+           'pipelined_steps', 'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows',
+           'markdown_speed_table', 'speed_headline', 'pair_speeds', 'markdown_pair_table', 'speed_targets',
+           'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile', 'split_decode', 'stack_profile',
+           'stack_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile', 'markdown_profile_table',
+           'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -32,25 +32,23 @@ SHARE_KINDS = {  # a kind `name@share` is `recommended_config(share, **SHARE_KIN
     "float": dict(kv_bits=None)}              # eviction alone, in the model's dtype
 FIXED_KINDS = {"kivi4": KVCacheConfig("full", kv_bits=4), "mlx-q4": KVCacheConfig("full", kv_bits=4, kv_scheme="mlx")}
 
+STORE_SUFFIXES = {"+compiled": ("compiled", True, "KIVI storage"),      # suffix -> (storage attribute, its value,
+                  "+mlx": ("native", False, "quantized storage")}      #   the storage a kind must have)
+
 def kind_caches(model, kind:str)->list: # one of `KINDS` (or `SHARE_KINDS`, `FIXED_KINDS`, `dwN` at a share)
     "A benchmark kind's per-layer caches (`+compiled`: KIVI refills compiled; `+alone`: each layer chooses alone;"
     " `+mlx`: packed products by MLX's `quantized_matmul`, not the CPU kernel)."
-    if kind.endswith("+mlx"):
-        caches = kind_caches(model, kind[:-len("+mlx")])
-        stores = [c.store for c in caches if hasattr(getattr(c, "store", None), "native")]
-        if not stores: raise ValueError(f"kind={kind!r}: `+mlx` needs a kind with quantized storage")
-        for st in stores: st.native = False
-        return caches
+    for suffix, (attr, value, needs) in STORE_SUFFIXES.items():      # a storage setting changed on every layer
+        if kind.endswith(suffix):
+            caches = kind_caches(model, kind[:-len(suffix)])
+            stores = [c.store for c in caches if hasattr(getattr(c, "store", None), attr)]
+            if not stores: raise ValueError(f"kind={kind!r}: `{suffix}` needs a kind with {needs}")
+            for st in stores: setattr(st, attr, value)
+            return caches
     if kind.endswith("+alone"):
         caches = kind_caches(model, kind[:-len("+alone")])
         for c in caches:
             if isinstance(c, EvictingCache): c._leave_choices()
-        return caches
-    if kind.endswith("+compiled"):
-        caches = kind_caches(model, kind[:-len("+compiled")])
-        kivi = [c.store for c in caches if hasattr(getattr(c, "store", None), "compiled")]
-        if not kivi: raise ValueError(f"kind={kind!r}: `+compiled` needs a kind with KIVI storage")
-        for st in kivi: st.compiled = True
         return caches
     if kind == "full": return make_prompt_cache(model)
     if kind in FIXED_KINDS: return KVCacheBuilder.for_model(model, FIXED_KINDS[kind])
