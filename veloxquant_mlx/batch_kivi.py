@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy, math
 import mlx.core as mx
 from .h2o import visible
+from .native import row_softmax
 from .storage_base import quantize_groups
 from .storage_kivi import KiviStorage
 from .cache import _EMPTY_POS, EvictingCache, hand_over, take_back, advance
@@ -162,7 +163,7 @@ def kivi_weights(rows:KiviRows, queries, # `[B, Hq, 1, D]`: one query per row (R
     H = positions.shape[1]
     q = queries.astype(mx.float32).reshape(B, H, Hq // H, 1, D) * scale
     ok = visible(positions, qpos.reshape(-1, 1, 1), window)[:, :, None]              # [B, H, 1, 1, L]
-    return mx.softmax(mx.where(ok, rows.fmt.logits(q, keys), mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
+    return row_softmax(mx.where(ok, rows.fmt.logits(q, keys), mx.array(-math.inf, mx.float32)))
 
 # %% ../nbs/03b1_batch_kivi.ipynb #8f14320b
 def kivi_attention_with_mass(rows:KiviRows, queries, positions, qpos, scale:float, window:int|None=None)->tuple:

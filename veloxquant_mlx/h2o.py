@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 import numpy as np
 import mlx.core as mx
+from .native import row_softmax
 
 # %% auto #0
 __all__ = ['check_kv', 'eviction_priority', 'visible', 'proxy_mass', 'View', 'scatter_slot', 'HeldArrays', 'victims',
@@ -72,7 +73,7 @@ def proxy_mass(
         logits = q @ kc.swapaxes(-1, -2)                                   # [B, H, q, L]
         ok = visible(cand_pos, query_pos[..., start:start + block], window)    # [B, H, q, L]
         logits = mx.where(ok, logits, mx.array(-math.inf, mx.float32))
-        total = total + mx.softmax(logits, axis=-1, precise=True).sum(axis=2)
+        total = total + row_softmax(logits).sum(axis=2)
     return total
 
 # %% ../nbs/02_h2o.ipynb #e322af38
@@ -205,7 +206,7 @@ def attention_with_mass(
         q = queries[:, :, a:a + block].astype(mx.float32).reshape(B, H, rep, -1, D) * scale
         logits = q @ k32[:, :, None].swapaxes(-1, -2)                                  # [B, H, rep, n, L]
         ok = visible(key_pos, query_pos[..., a:a + block], window)[:, :, None]         # [B, H, 1, n, L]
-        w = mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
+        w = row_softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)))
         outs.append((w @ v32[:, :, None]).reshape(B, Hq, -1, values.shape[-1]))
         if a + w.shape[3] > mass_from: mass = mass + w[:, :, :, max(mass_from - a, 0):].sum(axis=(2, 3))
     return mx.concatenate(outs, axis=2).astype(values.dtype), mass
@@ -228,7 +229,7 @@ def query_mass(
     for a in range(0, N, block):
         q = queries[:, :, a:a + block].astype(mx.float32).reshape(B, H, Hq // H, -1, D) * scale
         ok = visible(key_pos, query_pos[..., a:a + block], window)[:, :, None]         # [B, H, 1, n, L]
-        w = mx.softmax(mx.where(ok, q @ k32, mx.array(-math.inf, mx.float32)), axis=-1, precise=True)
+        w = row_softmax(mx.where(ok, q @ k32, mx.array(-math.inf, mx.float32)))
         mass = mass + mx.where(ok.any(axis=-1, keepdims=True), w, 0.0).sum(axis=(2, 3))
     return mass
 

@@ -8,7 +8,7 @@ import math
 import mlx.core as mx
 from fastcore.basics import patch
 from .h2o import attention_with_mass, query_mass, position_attention, visible, HeldArrays
-from .native import native_fits, packed_matmul, native_threads
+from .native import native_fits, packed_matmul, native_threads, row_softmax
 
 # %% auto #0
 __all__ = ['KV_BITS', 'KV_GROUP_SIZES', 'KV_SCHEMES', 'PACKED_SPLIT_CPU', 'PACKED_SPLIT', 'DEQUANTIZE_ROWS', 'check_kv_format',
@@ -528,9 +528,9 @@ def _weights(self:QuantizedStorage, queries, keys, key_pos, query_pos, scale, wi
     H = key_pos.shape[1]
     q = queries.astype(mx.float32).reshape(B, H, Hq // H, N, D) * scale
     logits = self.logits(q, keys)
-    if N == 1 and window is None: return mx.softmax(logits, axis=-1, precise=True), None   # one query sees all held
+    if N == 1 and window is None: return row_softmax(logits), None   # one query sees all held
     ok = visible(key_pos, query_pos, window)[:, :, None]                        # [B, H, 1, N, L]
-    return mx.softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32)), axis=-1, precise=True), ok
+    return row_softmax(mx.where(ok, logits, mx.array(-math.inf, mx.float32))), ok
 
 # %% ../nbs/03a_storage.ipynb #91c0f3c1
 @patch

@@ -1,7 +1,10 @@
-// veloxquant_mlx: x times a packed matrix on the CPU, as mx.quantized_matmul(x, w, scales, biases, transpose=False).
+// veloxquant_mlx's CPU kernels, two MLX primitives: x times a packed matrix, as
+// mx.quantized_matmul(x, w, scales, biases, transpose=False), and a softmax over the last axis, as mx.softmax.
 // Explained, built and tested in nbs/03a4_native.ipynb; built at first use by veloxquant_mlx.native.
 #include <nanobind/nanobind.h>
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -59,17 +62,21 @@ static void packed_bits(const float* x, const uint32_t* wq, const float* s, cons
   else packed_groups<BITS, 128>(x, wq, s, b, out, M, K, N, g0, g1, acc);
 }
 
-// A row-contiguous copy of a strided view of 4-byte elements (float32, uint32), made inside the dispatched task.
+// A row-contiguous copy of a strided view of 4-byte elements (float32, uint32), made inside the dispatched task: runs
+// along the last axis at once when it is contiguous (a slice of a step's weights), element by element otherwise.
 static void dense_copy(const uint32_t* src, uint32_t* dst, const mx::Shape& shape, const mx::Strides& strides) {
   const int nd = (int)shape.size();
+  const int64_t run = (nd && strides[nd - 1] == 1) ? shape[nd - 1] : 1;   // elements copied at once
+  const int outer = run > 1 ? nd - 1 : nd;                                 // the axes walked one index at a time
   std::vector<int> idx(nd, 0);
   size_t total = 1;
-  for (auto d : shape) total *= (size_t)d;
-  for (size_t i = 0; i < total; ++i) {
+  for (int d = 0; d < outer; ++d) total *= (size_t)shape[d];
+  for (size_t i = 0; i < total; ++i, dst += run) {
     int64_t off = 0;
-    for (int d = 0; d < nd; ++d) off += (int64_t)idx[d] * strides[d];
-    dst[i] = src[off];
-    for (int d = nd - 1; d >= 0 && ++idx[d] == shape[d]; --d) idx[d] = 0;
+    for (int d = 0; d < outer; ++d) off += (int64_t)idx[d] * strides[d];
+    if (run > 1) std::memcpy(dst, src + off, sizeof(uint32_t) * run);
+    else *dst = src[off];
+    for (int d = outer - 1; d >= 0 && ++idx[d] == shape[d]; --d) idx[d] = 0;
   }
 }
 
@@ -153,7 +160,89 @@ mx::array packed_matmul(const mx::array& x, const mx::array& w, const mx::array&
                    {x, w, scales, biases});
 }
 
-NB_MODULE(_packed_matmul, m) {
+// exp(x) for the softmax's shifted logits (x <= 0), written so that a loop over it vectorises: x = n ln2 + r with
+// |r| <= ln2 / 2, exp(r) by Cephes' degree-7 polynomial, 2^n put in the exponent bits. Below -87 (float's exp
+// underflows there; -inf included) it is 0; NaN stays NaN.
+static inline float exp_nonpositive(float x) {
+  constexpr float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+  constexpr float ROUND = 12582912.0f;                        // 1.5 * 2^23: adding it rounds to an integer
+  const float xc = x < -87.0f ? -87.0f : x;                   // (NaN passes: the comparison is false)
+  const float t = xc * LOG2E + ROUND, n = t - ROUND;
+  const float r = (xc - n * LN2_HI) - n * LN2_LO;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(ROUND) + 127) << 23;
+  const float v = p * std::bit_cast<float>(e);
+  return x < -87.0f ? 0.0f : v;
+}
+
+// One row of n logits into n weights: the max, the exponentials and their sum (16 partial sums, so the loops
+// vectorise), the scaling.
+static void softmax_row(const float* x, float* y, int n) {
+  constexpr int L = 16;
+  float mx_[L], sm[L];
+  for (int j = 0; j < L; ++j) mx_[j] = -INFINITY, sm[j] = 0.0f;
+  int i = 0;
+  for (; i + L <= n; i += L)
+    for (int j = 0; j < L; ++j) mx_[j] = x[i + j] > mx_[j] ? x[i + j] : mx_[j];
+  float m = -INFINITY;
+  for (int j = 0; j < L; ++j) m = mx_[j] > m ? mx_[j] : m;
+  for (int k = i; k < n; ++k) m = x[k] > m ? x[k] : m;
+  for (int k = 0; k < n; ++k) y[k] = exp_nonpositive(x[k] - m);
+  for (i = 0; i + L <= n; i += L)
+    for (int j = 0; j < L; ++j) sm[j] += y[i + j];
+  float s = 0.0f;
+  for (int j = 0; j < L; ++j) s += sm[j];
+  for (int k = i; k < n; ++k) s += y[k];
+  const float inv = 1.0f / s;
+  for (int k = 0; k < n; ++k) y[k] *= inv;
+}
+
+class Softmax : public mx::UnaryPrimitive {
+ public:
+  explicit Softmax(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    const mx::array& a = inputs[0];
+    mx::array in = a;
+    if (!a.flags().row_contiguous) {                 // a strided view is copied dense inside the task
+      in = mx::array(a.shape(), a.dtype(), nullptr, {});
+      in.set_data(mx::allocator::malloc(in.nbytes()));
+      enc.add_temporary(in);
+    }
+    enc.set_input_array(a);
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    enc.set_output_array(out);
+    if (out.size() == 0) return;
+    if (!a.flags().row_contiguous)
+      enc.dispatch([src = a.data<uint32_t>(), dst = in.data<uint32_t>(), shape = a.shape(), strides = a.strides()]() {
+        dense_copy(src, dst, shape, strides);
+      });
+    const int n = a.shape(-1);
+    const size_t rows = a.size() / n;
+    enc.dispatch([xp = in.data<float>(), yp = out.data<float>(), n, rows]() {
+      for (size_t r = 0; r < rows; ++r) softmax_row(xp + r * n, yp + r * n, n);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("veloxquant_mlx softmax runs on the CPU only");
+  }
+  const char* name() const override { return "VeloxSoftmax"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+// Checked by the Python wrapper (veloxquant_mlx.native.softmax): float32, at least one element on the last axis.
+mx::array softmax(const mx::array& x) {
+  return mx::array(x.shape(), mx::float32, std::make_shared<Softmax>(mx::to_stream({})), {x});
+}
+
+NB_MODULE(_kernels, m) {
   m.def("packed_matmul", &packed_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a, "bits"_a, "group_size"_a,
         "threads"_a = 1);
+  m.def("softmax", &softmax, "x"_a);
 }
