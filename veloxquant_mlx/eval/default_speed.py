@@ -14,7 +14,7 @@ from ..cache import EvictingCache, cache_arrays
 # %% auto #0
 __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'STORE_SUFFIXES', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches',
            'pipelined_steps', 'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows',
-           'markdown_speed_table', 'speed_headline', 'pair_speeds', 'markdown_pair_table', 'speed_targets',
+           'markdown_speed_table', 'speed_headline', 'pair_speeds', 'run_pairs', 'markdown_pair_table', 'speed_targets',
            'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile', 'split_decode', 'stack_profile',
            'stack_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile', 'markdown_profile_table',
            'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
@@ -244,15 +244,24 @@ def pair_speeds(res:dict, # a run's `results`
     return [(m, n, k, r, rows[m, n, k + suffix]) for (m, n, k), r in rows.items()
             if k.startswith("default@") and not k.endswith(suffix) and (m, n, k + suffix) in rows]
 
+def run_pairs(now:dict, was:dict, # two runs' `results` (the same kinds, another day or another build)
+             )->list: # as `pair_speeds`: now's row, then was's
+    "Every default kind both runs measured at the same model and context, each against its own run's full cache."
+    old = {(r["model"], r["context"], r["kind"]): r for r in speed_rows(was)}
+    return [(r["model"], r["context"], r["kind"], r, old[r["model"], r["context"], r["kind"]]) for r in speed_rows(now)
+            if r["kind"].startswith("default@") and (r["model"], r["context"], r["kind"]) in old]
+
 def markdown_pair_table(res:dict, suffix:str, # as `pair_speeds`
-                        names:tuple)->str: # what to call the kind and its twin in the header
+                        names:tuple, # what to call the kind and its twin in the header
+                        pairs:list|None=None)->str: # the pairs to show (None: `pair_speeds(res, suffix)`)
     "A Markdown table: per model, context and share, the kind's speed / its twin's, every step and as mlx-lm decodes."
     a, b = names
+    pairs = pair_speeds(res, suffix) if pairs is None else pairs
     pair = lambda x, y, key: f"{x[key]:.2f}x / {y[key]:.2f}x" if x[key] and y[key] else "-"
     head = (f"| model | tokens | share | every step: {a} / {b} | as mlx-lm decodes: {a} / {b} |\n"
             "|---|---:|---:|---:|---:|")
     return "\n".join([head] + [f"| {NAMES.get(m, m)} | {n:,} | {k.split('@')[1]} | {pair(x, y, 'mean_speed')} | "
-                               f"{pair(x, y, 'pipe_speed')} |" for m, n, k, x, y in pair_speeds(res, suffix)])
+                               f"{pair(x, y, 'pipe_speed')} |" for m, n, k, x, y in pairs])
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #a2ab2b86
 def speed_targets(res:dict, # a run's `results` (2,048 tokens and a longest context per model)
