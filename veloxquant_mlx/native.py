@@ -12,8 +12,8 @@ import mlx.core as mx
 # %% auto #0
 __all__ = ['SOURCE', 'NATIVE_BITS', 'NATIVE_GROUPS', 'FLOATS', 'NATIVE_THREADS', 'PRODUCT_CASES', 'SOFTMAX_CASES',
            'native_cache_dir', 'build_native', 'NativeStatus', 'native_status', 'packed_matmul', 'native_threads',
-           'native_fits', 'softmax', 'row_softmax', 'product_times', 'bench_products', 'markdown_product_table',
-           'bench_main', 'softmax_times', 'bench_softmax', 'markdown_softmax_table']
+           'native_fits', 'softmax', 'row_softmax', 'route_medians', 'product_times', 'bench_products',
+           'markdown_product_table', 'bench_main', 'softmax_times', 'bench_softmax', 'markdown_softmax_table']
 
 # %% ../nbs/03a4_native.ipynb #71899177
 SOURCE = Path(importlib.util.find_spec("veloxquant_mlx").origin).parent / "csrc" / "kernels.cpp"
@@ -196,6 +196,20 @@ def row_softmax(x:mx.array, # logits `[..., n]`
         return softmax(x)
     return mx.softmax(x, axis=-1, precise=True)
 
+# %% ../nbs/03a4_native.ipynb #1d43a6d1
+def route_medians(routes:dict, # name -> a function building the arrays to evaluate
+                  reps:int, # timed rounds (two untimed rounds first)
+                 )->dict: # name -> median microseconds
+    "Each route built and evaluated in turn, round after round, so that the machine's load falls on all alike."
+    import statistics, time
+    times = {r: [] for r in routes}
+    for i in range(reps + 2):
+        for r, f in routes.items():
+            t = time.perf_counter()
+            mx.eval(f())
+            if i >= 2: times[r].append(1e6 * (time.perf_counter() - t))
+    return {r: statistics.median(v) for r, v in times.items()}
+
 # %% ../nbs/03a4_native.ipynb #06952045
 def product_times(tokens:int, # tokens held (a multiple of the group)
                   n_kv_heads:int=3, rep:int=3, head_dim:int=64, # the model's shape (SmolLM2's by default)
@@ -203,7 +217,6 @@ def product_times(tokens:int, # tokens held (a multiple of the group)
                   reps:int=30, # timed runs (the median is returned)
                  )->dict: # route -> median microseconds of both products
     "Median microseconds of one decoding query's key and value products: the kernel, MLX's product, float."
-    import statistics, time
     ks = mx.random.split(mx.random.key(tokens + bits), 3)
     q = mx.random.normal((1, n_kv_heads, rep, head_dim), key=ks[0])
     k, v = (mx.random.normal((1, n_kv_heads, tokens, head_dim), key=ks[i]) for i in (1, 2))
@@ -216,13 +229,7 @@ def product_times(tokens:int, # tokens held (a multiple of the group)
     kern = lambda x, p: packed_matmul(x, *p, bits, group_size, th)
     routes = {"kernel": lambda: (kern(q, kp), kern(w, vp)), "mlx": lambda: (qmm(q, kp), qmm(w, vp)),
               "float": lambda: (q @ k.swapaxes(-1, -2), w @ v)}
-    times = {r: [] for r in routes}
-    for i in range(reps + 2):
-        for r, f in routes.items():
-            t = time.perf_counter()
-            mx.eval(f())
-            if i >= 2: times[r].append(1e6 * (time.perf_counter() - t))
-    return {r: statistics.median(v) for r, v in times.items()}
+    return route_medians(routes, reps)
 
 # %% ../nbs/03a4_native.ipynb #6cb4235b
 PRODUCT_CASES = (("smollm2", (3, 3, 64), (1344, 1856, 5184, 7232)),   # the default's plans at 2,048 and 8,100 tokens
@@ -277,17 +284,10 @@ def softmax_times(shape:tuple, # the logits' shape (the softmax runs over the la
                   reps:int=30, # timed runs (the median is returned)
                  )->dict: # route -> median microseconds
     "Median microseconds of one softmax of random logits, the kernel's and MLX's (`precise=True`), interleaved."
-    import statistics, time
     x = mx.random.normal(shape, key=mx.random.key(len(shape))) * 8
     mx.eval(x)
     routes = {"kernel": lambda: softmax(x), "mlx": lambda: mx.softmax(x, axis=-1, precise=True)}
-    times = {r: [] for r in routes}
-    for i in range(reps + 2):
-        for r, f in routes.items():
-            t = time.perf_counter()
-            mx.eval(f())
-            if i >= 2: times[r].append(1e6 * (time.perf_counter() - t))
-    return {r: statistics.median(v) for r, v in times.items()}
+    return route_medians(routes, reps)
 
 def bench_softmax(cases:tuple=SOFTMAX_CASES, # (what, shape)
                   reps:int=30, log=print)->list: # as `bench_products`

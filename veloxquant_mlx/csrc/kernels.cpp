@@ -80,24 +80,32 @@ static void dense_copy(const uint32_t* src, uint32_t* dst, const mx::Shape& shap
   }
 }
 
+// The inputs as row-contiguous arrays: a strided one gets a buffer of its own, filled by a copy dispatched before the
+// kernel's task, so the kernel reads every input dense.
+static std::vector<mx::array> dense_inputs(mx::cpu::CommandEncoder& enc, const std::vector<mx::array>& inputs) {
+  std::vector<mx::array> in;
+  for (auto& a : inputs) {
+    enc.set_input_array(a);
+    if (a.flags().row_contiguous) {
+      in.push_back(a);
+      continue;
+    }
+    in.push_back(mx::array(a.shape(), a.dtype(), nullptr, {}));
+    in.back().set_data(mx::allocator::malloc(in.back().nbytes()));
+    enc.add_temporary(in.back());
+    enc.dispatch([src = a.data<uint32_t>(), dst = in.back().data<uint32_t>(), shape = a.shape(),
+                  strides = a.strides()]() { dense_copy(src, dst, shape, strides); });
+  }
+  return in;
+}
+
 class PackedMatmul : public mx::UnaryPrimitive {
  public:
   PackedMatmul(mx::Stream s, int bits, int group, int threads)
       : mx::UnaryPrimitive(s), bits_(bits), group_(group), threads_(threads) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto& enc = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in;
-    std::vector<bool> strided;
-    for (auto& a : inputs) {                       // strided views are copied dense inside the task (below)
-      strided.push_back(!a.flags().row_contiguous);
-      if (!strided.back()) in.push_back(a);
-      else {
-        in.push_back(mx::array(a.shape(), a.dtype(), nullptr, {}));
-        in.back().set_data(mx::allocator::malloc(in.back().nbytes()));
-        enc.add_temporary(in.back());
-      }
-      enc.set_input_array(a);
-    }
+    const std::vector<mx::array> in = dense_inputs(enc, inputs);
     out.set_data(mx::allocator::malloc(out.nbytes()));
     enc.set_output_array(out);
     if (out.size() == 0) return;                   // nothing to write
@@ -105,10 +113,6 @@ class PackedMatmul : public mx::UnaryPrimitive {
       enc.dispatch([op = out.data<float>(), n = out.size()]() { std::memset(op, 0, n * sizeof(float)); });
       return;
     }
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if (strided[i])
-        enc.dispatch([src = inputs[i].data<uint32_t>(), dst = in[i].data<uint32_t>(), shape = inputs[i].shape(),
-                      strides = inputs[i].strides()]() { dense_copy(src, dst, shape, strides); });
     const int M = in[0].shape(-2), K = in[0].shape(-1), N = out.shape(-1), G = group_, bits = bits_;
     const size_t batch = in[0].size() / ((size_t)M * K), NG = N / G, items = batch * NG;
     const int threads = (int)std::min<size_t>(std::max(threads_, 1), items);
@@ -208,23 +212,12 @@ class Softmax : public mx::UnaryPrimitive {
   explicit Softmax(mx::Stream s) : mx::UnaryPrimitive(s) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto& enc = mx::cpu::get_command_encoder(stream());
-    const mx::array& a = inputs[0];
-    mx::array in = a;
-    if (!a.flags().row_contiguous) {                 // a strided view is copied dense inside the task
-      in = mx::array(a.shape(), a.dtype(), nullptr, {});
-      in.set_data(mx::allocator::malloc(in.nbytes()));
-      enc.add_temporary(in);
-    }
-    enc.set_input_array(a);
+    const mx::array in = dense_inputs(enc, inputs)[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     enc.set_output_array(out);
     if (out.size() == 0) return;
-    if (!a.flags().row_contiguous)
-      enc.dispatch([src = a.data<uint32_t>(), dst = in.data<uint32_t>(), shape = a.shape(), strides = a.strides()]() {
-        dense_copy(src, dst, shape, strides);
-      });
-    const int n = a.shape(-1);
-    const size_t rows = a.size() / n;
+    const int n = in.shape(-1);
+    const size_t rows = in.size() / n;
     enc.dispatch([xp = in.data<float>(), yp = out.data<float>(), n, rows]() {
       for (size_t r = 0; r < rows; ++r) softmax_row(xp + r * n, yp + r * n, n);
     });
