@@ -21,7 +21,9 @@ def merge(base:dict, new:dict)->dict:
         for fam, rows in fams.items(): out["keys"][task][fam].update(rows)
     s = out["settings"]
     s["rows"] = {**s["rows"], **new["settings"]["rows"]}
-    s["merged"] = dict(rows=sorted(new["settings"]["rows"]), seconds=new["settings"]["seconds"])
+    was = s.get("merged", [])                           # every merge is kept: the rows each one brought, its run time
+    s["merged"] = (was if isinstance(was, list) else [was]) + [dict(rows=sorted(new["settings"]["rows"]),
+                                                                    seconds=new["settings"]["seconds"])]
     return out
 
 if __name__ == "__main__":

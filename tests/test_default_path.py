@@ -238,7 +238,7 @@ def test_default_cpu_kernel_equals_mlx_product(arch, f, n, costs, monkeypatch):
     assert set(calls) <= {2, 4, 8} and calls, calls
     assert_within_rounding(got["kernel"], got["mlx"], spread)
 
-TOGETHER = STACKED + [("gemma3-8", 0.25, 500)]   # 8 layers: the last two sliding-window layers choose without waiting
+TOGETHER = STACKED + [("gemma3-8", 0.25, 500)]   # 8 layers: six sliding-window (recency, no queries) and two global
 
 @pytest.mark.parametrize("arch,f,n", TOGETHER, ids=[f"{a}-{f}-{n}" for a, f, n in TOGETHER])
 @pytest.mark.parametrize("costs", ["bytes"], indirect=True)
@@ -247,10 +247,11 @@ def test_default_layers_choosing_together_equal_each_alone(arch, f, n, costs, mo
     # taking its rows back) giving any layer another layer's rows, a choice made late or twice, or numbers that differ
     # from each layer choosing alone, through a whole model on the default's packed path: the prompt, 40 decoding steps
     # and their choices, the second run fed the first run's tokens. Both runs hold the same positions at every step.
+    # On Gemma 3 the sliding-window layers, whose recency policy needs no queries, choose together as well.
     import veloxquant_mlx.cache as cache_mod
     together, plain = [], cache_mod._select_together
-    monkeypatch.setattr(cache_mod, "_select_together", lambda layers, pos: (together.append(len(layers)),
-                                                                           plain(layers, pos)))
+    monkeypatch.setattr(cache_mod, "_select_together", lambda layers, pos: (
+        together.append((len(layers), layers[0].spec.window is not None)), plain(layers, pos)))
     mdl = tiny_model("gemma3", head_dim=64, n_layers=8, sliding_window=128) if arch == "gemma3-8" else model(arch)
     got, kept, toks = {}, {}, None
     for name in ("alone", "together"):
@@ -270,6 +271,7 @@ def test_default_layers_choosing_together_equal_each_alone(arch, f, n, costs, mo
         assert packed(caches), name                                                  # the packed path ran
         got[name], toks = mx.stack(outs), feed
     assert together, together                                                        # choices were made together
+    if arch == "gemma3-8": assert (6, True) in together, together    # the windowed layers (no queries) stacked too
     for t, (a, b) in enumerate(zip(kept["alone"], kept["together"])):
         assert all(np.array_equal(x, y) for x, y in zip(a, b)), t
     assert mx.array_equal(got["alone"], got["together"]).item(), mx.abs(got["alone"] - got["together"]).max().item()

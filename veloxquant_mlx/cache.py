@@ -110,9 +110,8 @@ def _defer_choice(self:EvictingCache)->bool:
     return True
 
 def _will_wait(m:EvictingCache, g, pos:int)->bool: # a layer of group `g`; the position after this step's token
-    "True when `m` has not stepped in this step yet and will wait to choose in it (full, choosing after attention)."
-    return (m._together is g and m.offset == pos - 1 and chooses_next(m) and m.policy.needs_queries
-            and not m._deferring)
+    "True when `m` has not stepped in this step yet and will wait to choose in it (full, with a slack)."
+    return m._together is g and m.offset == pos - 1 and chooses_next(m) and not m._deferring
 
 @patch
 def _choices_made(self:EvictingCache, N:int|None=None): # a pass of N tokens about to be stored; None: a read
@@ -372,7 +371,9 @@ def _update_concat(self:EvictingCache, keys, values, start:int):
     self._on_keys(keys, mx.arange(start, start + N, dtype=mx.int32))
     kv = self.store.view(self.count)
     if self.policy.needs_queries: self._pending = True    # the hook scores, then `_select` trims after attention
-    elif self._select_due(decode := N == 1 and self._phase != CHOOSING): self._select(start + N, decode)
+    elif self._select_due(decode := N == 1 and self._phase != CHOOSING):
+        if decode and self._defer_choice(): return kv     # made with the step's other choices (it attends `kv`)
+        self._select(start + N, decode)
     if not self._pending: self._settle()
     return kv
 

@@ -57,7 +57,7 @@ WINDOW_TRIM = 2  # groups a lossless rung may take from the largest window (and 
 USABLE_PPL = 8.0  # (%) a rung that costs more than this with every token kept leaves the model's ladder
 RUNG_QUALITY = {  # head_dim -> (windowed, global) bits -> perplexity change (%) with every token kept (`--rungs`)
     64: {(8, 8): 0.1, (6, 6): 0.3, (5, 5): 1.2, (4, 4): 1.4, (4, 3): 10.6, (3, 3): 10.6, (2, 2): 97.0},  # SmolLM2
-    256: {(8, 8): -0.1, (6, 6): -0.1, (5, 5): 0.7, (4, 4): 2.0, (4, 3): 0.0, (3, 3): 5.8, (2, 2): 146.4},  # Gemma 3
+    256: {(8, 8): 0.5, (6, 6): 0.5, (5, 5): 0.9, (4, 4): 1.8, (4, 3): 3.2, (3, 3): 7.0, (2, 2): 130.7},  # Gemma 3
 }
 
 def rung_quality(head_dim:int, # the model's head_dim (the nearest measured table is used)

@@ -14,10 +14,11 @@ from ..cache import EvictingCache, cache_arrays
 # %% auto #0
 __all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'STORE_SUFFIXES', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches',
            'pipelined_steps', 'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows',
-           'markdown_speed_table', 'speed_headline', 'pair_speeds', 'run_pairs', 'markdown_pair_table', 'speed_targets',
-           'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile', 'split_decode', 'stack_profile',
-           'stack_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile', 'markdown_profile_table',
-           'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start', 'parse_contexts', 'main']
+           'markdown_speed_table', 'speed_headline', 'pair_speeds', 'run_pairs', 'markdown_pair_table', 'cache_ceiling',
+           'markdown_ceiling_table', 'speed_targets', 'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile',
+           'split_decode', 'stack_profile', 'stack_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile',
+           'markdown_profile_table', 'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start',
+           'parse_contexts', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -262,6 +263,29 @@ def markdown_pair_table(res:dict, suffix:str, # as `pair_speeds`
             "|---|---:|---:|---:|---:|")
     return "\n".join([head] + [f"| {NAMES.get(m, m)} | {n:,} | {k.split('@')[1]} | {pair(x, y, 'mean_speed')} | "
                                f"{pair(x, y, 'pipe_speed')} |" for m, n, k, x, y in pairs])
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #219810f1
+def cache_ceiling(res:dict, # a run's `results`: the full cache at two or more contexts per model
+                 )->list: # per model: the contexts, each one's ms (every step, as mlx-lm decodes), the ceilings
+    "The most a cache could speed a step at a model's longest context: that step's time over its shortest one's."
+    rows = []
+    for m, by_n in res.items():
+        lo, hi = (by_n[n]["full"] for n in (min(by_n, key=int), max(by_n, key=int)))
+        ms = lambda v: (_mean_ms(v), _mean_ms(v, "pipe_samples_ms"))
+        (a, pa), (b, pb) = ms(lo), ms(hi)
+        rows.append(dict(model=m, short=int(min(by_n, key=int)), long=int(max(by_n, key=int)), short_ms=(a, pa),
+                         long_ms=(b, pb), ceiling=(b / a, pb / pa)))
+    return rows
+
+def markdown_ceiling_table(res:dict)->str: # as `cache_ceiling`
+    "A Markdown table: per model, the full cache's step at both contexts and the ceiling, every step / pipelined."
+    pair = lambda t, f: " / ".join(f.format(x) for x in t)
+    head = ("| model | the full cache, short | the full cache, long | the most a cache could gain |\n"
+            "|---|---:|---:|---:|")
+    at = lambda r, end: f"{r[end]:,} tokens: {pair(r[end + '_ms'], '{:.0f}')} ms"     # a context and its two steps
+    line = lambda r: (f"| {NAMES.get(r['model'], r['model'])} | {at(r, 'short')} | {at(r, 'long')} | "
+                      f"{pair(r['ceiling'], '{:.2f}x')} |")
+    return "\n".join([head] + [line(r) for r in cache_ceiling(res)])
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #a2ab2b86
 def speed_targets(res:dict, # a run's `results` (2,048 tokens and a longest context per model)
