@@ -28,6 +28,7 @@ def rows_at(shares):
         if 0.15 < f < 0.22: rows[f"whole-windows@{f}"] = recommended_config(f, slack=0)   # whole windows, fewer global tokens
         for name, method in QUESTION_AGNOSTIC.items():     # the default with a question-agnostic global policy
             rows[f"{name}@{f}"] = recommended_config(f, method=method, chunk=16)
+        rows[f"qa-recency@{f}"] = recommended_config(f, method="streamingllm")   # the global layers keep the newest
     rows[f"keep-all@{shares[0]}"] = recommended_config(shares[0], slack=0)
     rows[f"chunkkv@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16)
     rows[f"chunkkv+squeeze@{shares[0]}"] = KVCacheConfig.for_method("chunkkv", kv_fraction=shares[0], chunk=16,

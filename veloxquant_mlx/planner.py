@@ -50,7 +50,7 @@ def prices(bits:list, # per-layer bits (None or 16: the model's dtype)
 WINDOW_STEPS = ("window", 256, 128, "even")  # sliding-window tokens tried, in order, once evicting
 GLOBAL_KEEP = 0.4  # a step is taken if the global layers keep this share of their tokens (else the last that fits)
 GLOBAL_EVICT = 0.15  # a lossless rung may evict this share of the global layers' tokens before a lossy rung is used
-LOSSLESS = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3))  # rungs within about 2 % of the full cache's ppl (Gemma 3)
+LOSSLESS = ((8, 8), (6, 6), (5, 5), (4, 4), (4, 3))  # within about 2 % on Gemma 3's first table ((4, 3): see below)
 WINDOW_TRIM = 2  # groups a lossless rung may take from the largest window (and any as large) to keep global tokens
 
 # %% ../nbs/04b_planner.ipynb #a2f7dd87

@@ -12,13 +12,13 @@ from ..builder import KVCacheBuilder, KVCacheConfig, recommended_config, coordin
 from ..cache import EvictingCache, cache_arrays
 
 # %% auto #0
-__all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'STORE_SUFFIXES', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'kind_caches',
-           'pipelined_steps', 'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows',
+__all__ = ['KINDS', 'SHARE_KINDS', 'FIXED_KINDS', 'STORE_SUFFIXES', 'CONTEXTS', 'LONG_KINDS', 'QUICK', 'NAMES', 'CEILING_STATS',
+           'kind_caches', 'pipelined_steps', 'choice_cycle', 'run_context', 'run_all', 'load_runs', 'speed_rows',
            'markdown_speed_table', 'speed_headline', 'pair_speeds', 'run_pairs', 'markdown_pair_table', 'cache_ceiling',
-           'markdown_ceiling_table', 'speed_targets', 'plot_default_speed', 'plot_runs', 'op_profile', 'split_profile',
-           'split_decode', 'stack_profile', 'stack_decode', 'choice_profile', 'choice_costs', 'markdown_choice_profile',
-           'markdown_profile_table', 'markdown_costs_table', 'command_stats', 'cold_start', 'markdown_cold_start',
-           'parse_contexts', 'main']
+           'markdown_ceiling_table', 'choosing_step', 'speed_targets', 'plot_default_speed', 'plot_runs', 'op_profile',
+           'split_profile', 'split_decode', 'stack_profile', 'stack_decode', 'choice_profile', 'choice_costs',
+           'markdown_choice_profile', 'markdown_profile_table', 'markdown_costs_table', 'command_stats', 'cold_start',
+           'markdown_cold_start', 'parse_contexts', 'main']
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #9c9f4f47
 KINDS = ("full", "default@0.25", "default@0.125", "rewindow@0.25", "rewindow@0.125", "slack63@0.125", "bytes-plan@0.25",
@@ -265,27 +265,45 @@ def markdown_pair_table(res:dict, suffix:str, # as `pair_speeds`
                                f"{pair(x, y, 'pipe_speed')} |" for m, n, k, x, y in pairs])
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #219810f1
+CEILING_STATS = ("median", "every step", "pipelined")  # how `cache_ceiling` reads a context's steps
+
+def _stats(v:dict)->tuple: # a kind's results at one context (`run_context`)
+    "The kind's steps read the `CEILING_STATS` ways, in ms (a run without pipelined steps: an error that says so)."
+    pipe = _mean_ms(v, "pipe_samples_ms")
+    if pipe is None: raise ValueError("the run has no pipelined steps (`--blocks 0`): run it with `--blocks 1` or more")
+    return v["step_ms"], _mean_ms(v), pipe
+
 def cache_ceiling(res:dict, # a run's `results`: the full cache at two or more contexts per model
-                 )->list: # per model: the contexts, each one's ms (every step, as mlx-lm decodes), the ceilings
+                 )->list: # per model: the contexts, each one's ms (`CEILING_STATS`), the ceilings
     "The most a cache could speed a step at a model's longest context: that step's time over its shortest one's."
     rows = []
     for m, by_n in res.items():
-        lo, hi = (by_n[n]["full"] for n in (min(by_n, key=int), max(by_n, key=int)))
-        ms = lambda v: (_mean_ms(v), _mean_ms(v, "pipe_samples_ms"))
-        (a, pa), (b, pb) = ms(lo), ms(hi)
-        rows.append(dict(model=m, short=int(min(by_n, key=int)), long=int(max(by_n, key=int)), short_ms=(a, pa),
-                         long_ms=(b, pb), ceiling=(b / a, pb / pa)))
+        short, long = min(by_n, key=int), max(by_n, key=int)
+        if short == long: raise ValueError(f"{m} was run at one context ({short} tokens): a ceiling needs two")
+        a, b = _stats(by_n[short]["full"]), _stats(by_n[long]["full"])
+        rows.append(dict(model=m, short=int(short), long=int(long), short_ms=a, long_ms=b,
+                         ceiling=tuple(y / x for x, y in zip(a, b))))
     return rows
 
 def markdown_ceiling_table(res:dict)->str: # as `cache_ceiling`
-    "A Markdown table: per model, the full cache's step at both contexts and the ceiling, every step / pipelined."
-    pair = lambda t, f: " / ".join(f.format(x) for x in t)
+    "A Markdown table: per model, the full cache's step at both contexts and the ceiling, each `CEILING_STATS` way."
+    join = lambda t, f: " / ".join(f.format(x) for x in t)
     head = ("| model | the full cache, short | the full cache, long | the most a cache could gain |\n"
             "|---|---:|---:|---:|")
-    at = lambda r, end: f"{r[end]:,} tokens: {pair(r[end + '_ms'], '{:.0f}')} ms"     # a context and its two steps
+    at = lambda r, end: f"{r[end]:,} tokens: {join(r[end + '_ms'], '{:.0f}')} ms"     # a context and its steps
     line = lambda r: (f"| {NAMES.get(r['model'], r['model'])} | {at(r, 'short')} | {at(r, 'long')} | "
-                      f"{pair(r['ceiling'], '{:.2f}x')} |")
+                      f"{join(r['ceiling'], '{:.2f}x')} |")
     return "\n".join([head] + [line(r) for r in cache_ceiling(res)])
+
+# %% ../../nbs/12d_eval_default_speed.ipynb #36333c1b
+def choosing_step(v:dict, # a kind's results at one context (`run_context`)
+                  cycle:int|None=None, # steps per choice cycle (None: the kind's own `cycle`)
+                 )->float|None: # None: no whole cycle of two or more steps
+    "The slowest step of each whole choice cycle over the median of the cycles' other steps (the mean of the former)."
+    s, c = v["samples_ms"], cycle or v.get("cycle", 1)
+    cyc = [sorted(s[i:i + c]) for i in range(0, len(s) - c + 1, c)] if c > 1 else []
+    if not cyc: return None
+    return statistics.mean(x[-1] for x in cyc) / statistics.median(y for x in cyc for y in x[:-1])
 
 # %% ../../nbs/12d_eval_default_speed.ipynb #a2ab2b86
 def speed_targets(res:dict, # a run's `results` (2,048 tokens and a longest context per model)
