@@ -288,7 +288,8 @@ def cache_ceiling(res:dict, # a run's `results`: the full cache at two or more c
 def markdown_ceiling_table(res:dict)->str: # as `cache_ceiling`
     "A Markdown table: per model, the full cache's step at both contexts and the ceiling, each `CEILING_STATS` way."
     join = lambda t, f: " / ".join(f.format(x) for x in t)
-    head = ("| model | the full cache, short | the full cache, long | the most a cache could gain |\n"
+    ways = " / ".join(CEILING_STATS)
+    head = (f"| model | the full cache, short ({ways}) | the full cache, long | the most a cache could gain |\n"
             "|---|---:|---:|---:|")
     at = lambda r, end: f"{r[end]:,} tokens: {join(r[end + '_ms'], '{:.0f}')} ms"     # a context and its steps
     line = lambda r: (f"| {NAMES.get(r['model'], r['model'])} | {at(r, 'short')} | {at(r, 'long')} | "
